@@ -1,0 +1,150 @@
+// Backward planner: picks the kernels from plans::kBackward and sizes grids
+// and scratch. Kernel bodies live in backward.cuh and colsum.cuh.
+#include "backward.cuh"
+#include "colsum.cuh"
+#include "dispatch.cuh"
+#include "plans.h"
+
+namespace rmsnorm {
+namespace {
+
+using detail::ceil_div;
+using detail::make_call;
+using plans::kBackward;
+
+template <typename X, typename G, std::size_t... I>
+const void* persistent_kernel(int row, std::index_sequence<I...>) {
+  static const void* const kernels[] = {reinterpret_cast<const void*>(
+      &bwd_persistent<X, G, kBackward[I].block, kBackward[I].group,
+                      kBackward[I].chunks>)...};
+  return kernels[row];
+}
+
+// A call that adds the gw partial rows (partials) into gw, cast to w's dtype.
+KernelCall final_colsum(int n) {
+  return make_call(reinterpret_cast<const void*>(&colsum<float, true>),
+                   dim3(ceil_div(n, 32), 1), dim3(32, 8), 0, "colsum_f32");
+}
+
+// Persistent plan; false when the row does not fit (then Split is used).
+template <typename X, typename G>
+bool plan_persistent(const BwdArgs& a, int vec, Plan& p) {
+  constexpr int full = 16 / sizeof(X);
+  const int nvec = a.n / full;
+  const int row = detail::table_row(kBackward, nvec);
+  if (vec != full || row < 0) return false;
+  const auto& cfg = kBackward[row];
+  const int rows_per_step = cfg.block / cfg.group;
+  const std::size_t smem =
+      2ull * rows_per_step * nvec * 16 * (1 + sizeof(G) / sizeof(X));
+  const void* fn = persistent_kernel<X, G>(
+      row, std::make_index_sequence<std::size(kBackward)>{});
+  const int occupancy = detail::blocks_per_sm(fn, cfg.block, smem);
+  if (occupancy == 0) return false;
+
+  const int64_t grid = std::min<int64_t>(
+      int64_t(detail::sm_count()) * occupancy, ceil_div(a.rows, rows_per_step));
+  p.algorithm = Algorithm::Persistent;
+  p.describe = "persistent";
+  if (grid > 0)
+    p.calls.push_back(make_call(fn, dim3(grid), dim3(cfg.block), smem,
+                                "bwd_persistent"));
+  if (a.w != nullptr) {
+    p.partial_rows = static_cast<int>(grid);
+    p.partials_offset = 0;
+    p.scratch_bytes = detail::align_up(sizeof(float) * grid * a.n);
+    p.calls.push_back(final_colsum(a.n));
+  }
+  return true;
+}
+
+template <typename X, typename G, int VEC>
+void plan_split(const BwdArgs& a, Plan& p) {
+  const int nvec = a.n / VEC;
+  const int sms = detail::sm_count();
+  const int64_t tiles = ceil_div(nvec, 32);
+  const int64_t splits =
+      std::clamp<int64_t>(ceil_div(int64_t(sms) * plans::kSplitBlocksPerSM, tiles), 1,
+                          std::max<int64_t>(1, ceil_div(a.rows, 8)));
+  p.algorithm = Algorithm::Split;
+  p.describe = "split";
+  p.row_stats_offset = 0;
+  p.partials_offset = detail::align_up(sizeof(float) * 2 * a.rows);
+  p.partial_rows = a.rows > 0 ? static_cast<int>(splits) : 0;
+  p.scratch_bytes =
+      p.partials_offset + detail::align_up(sizeof(float) * p.partial_rows * a.n);
+  if (a.rows > 0) {
+    const void* stats = reinterpret_cast<const void*>(
+        &bwd_row_stats<X, G, plans::kSplitStatsBlock, VEC>);
+    const int occ = detail::blocks_per_sm(stats, plans::kSplitStatsBlock, 0);
+    const int64_t grid = std::min<int64_t>(a.rows, int64_t(sms) * std::max(occ, 1));
+    p.calls.push_back(make_call(stats, dim3(grid), dim3(plans::kSplitStatsBlock), 0,
+                                "bwd_row_stats"));
+    p.calls.push_back(make_call(
+        reinterpret_cast<const void*>(&bwd_split_cols<X, G, VEC>),
+        dim3(tiles, splits), dim3(32, 8), 0, "bwd_split_cols"));
+  }
+  if (a.w != nullptr) p.calls.push_back(final_colsum(a.n));
+}
+
+template <typename X, typename G, int VEC>
+void plan_naive(const BwdArgs& a, Plan& p) {
+  p.algorithm = Algorithm::Naive;
+  p.describe = "naive";
+  const int sms = detail::sm_count();
+  if (a.rows > 0) {
+    const void* rows = reinterpret_cast<const void*>(
+        &bwd_naive_rows<X, G, plans::kNaiveBlock, VEC>);
+    const int64_t grid = std::min<int64_t>(a.rows, int64_t(sms) * 64);
+    p.calls.push_back(make_call(rows, dim3(grid), dim3(plans::kNaiveBlock), 0,
+                                "bwd_naive_rows"));
+  }
+  if (a.w == nullptr) return;
+  const int splits =
+      static_cast<int>(std::clamp<int64_t>(a.rows, 1, plans::kNaiveSplits));
+  p.naive_offset = 0;
+  p.partials_offset = detail::align_up(sizeof(X) * a.rows * a.n);
+  p.partial_rows = splits;
+  p.scratch_bytes =
+      p.partials_offset + detail::align_up(sizeof(float) * splits * a.n);
+  p.calls.push_back(make_call(reinterpret_cast<const void*>(&colsum<X, false>),
+                              dim3(ceil_div(a.n, 32), splits), dim3(32, 8), 0,
+                              "colsum_rows"));
+  p.calls.push_back(final_colsum(a.n));
+}
+
+}  // namespace
+
+Plan plan_backward(const BwdArgs& a, Algorithm algorithm) {
+  Plan p;
+  if (a.n == 0) return p;  // empty rows: nothing to read or write
+  const int vec = vector_width(a.x_dtype, a.n, {a.x, a.g, a.gx});
+  detail::with_types(a.x_dtype, a.g_dtype, [&](auto tx, auto tg) {
+    using X = typename decltype(tx)::type;
+    using G = typename decltype(tg)::type;
+    constexpr int full = 16 / sizeof(X);
+    auto by_width = [&](auto planner_full, auto planner_scalar) {
+      if (vec == full)
+        planner_full();
+      else
+        planner_scalar();
+    };
+    switch (algorithm) {
+      case Algorithm::Naive:
+        by_width([&] { plan_naive<X, G, full>(a, p); },
+                 [&] { plan_naive<X, G, 1>(a, p); });
+        break;
+      case Algorithm::Split:
+        by_width([&] { plan_split<X, G, full>(a, p); },
+                 [&] { plan_split<X, G, 1>(a, p); });
+        break;
+      default:  // Auto and Persistent: persistent wherever the row fits
+        if (!plan_persistent<X, G>(a, vec, p))
+          by_width([&] { plan_split<X, G, full>(a, p); },
+                   [&] { plan_split<X, G, 1>(a, p); });
+    }
+  });
+  return p;
+}
+
+}  // namespace rmsnorm

@@ -1,0 +1,301 @@
+// RMSNorm backward kernels.
+//
+// With r = rsqrt(mean(x^2) + eps) per row and v = g * w:
+//   gx = r * v - x * (mean(v * x) * r^3)
+//   gw = sum over rows of g * x * r
+// r is recomputed here from x rather than saved by the forward: x has to be
+// read for gx anyway, so the sum of squares rides along in the same pass for
+// free, and the backward then works for any caller (no forward state).
+#pragma once
+
+#include "common.cuh"
+
+namespace rmsnorm {
+
+// Persistent kernel (the seed's design). The grid is sized by the machine;
+// block b walks rows b*ROWS, b*ROWS + gridDim*ROWS, ... One row ahead of the
+// compute, x and g land in shared memory through asynchronous copies (two
+// stages), so loads stay in flight although only a few blocks are resident.
+// gw stays in fp32 registers for the whole walk and is written once per
+// block: partials is gridDim.x x n, summed afterwards by colsum.
+template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS>
+__global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
+  constexpr int VEC = 16 / sizeof(X);
+  constexpr int ROWS = BLOCK / GROUP;
+  using XV = Vec<X, VEC>;
+  using GV = Vec<G, VEC>;
+  const int n = a.n;
+  const int nvec = n / VEC;
+  const int lane = threadIdx.x % GROUP;
+  const int r = threadIdx.x / GROUP;
+
+  // Stage s, row r: nvec x-vectors then nvec g-vectors. Each thread copies
+  // exactly the vectors it later reads, so no barrier is needed between the
+  // copy and the compute, nor before a stage is overwritten.
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ float2 red[32];
+  auto stage_x = [&](int s) {
+    return reinterpret_cast<XV*>(smem + (size_t)(s * ROWS + r) * nvec *
+                                            (sizeof(XV) + sizeof(GV)));
+  };
+  auto stage_g = [&](int s) {
+    return reinterpret_cast<GV*>(stage_x(s) + nvec);
+  };
+
+  float w[CHUNKS][VEC];
+  float acc[CHUNKS][VEC];
+#pragma unroll
+  for (int j = 0; j < CHUNKS; ++j) {
+    int v = j * GROUP + lane;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      w[j][k] = v < nvec ? load_as_float(a.w, a.w_dtype, (int64_t)v * VEC + k)
+                         : 0.f;
+      acc[j][k] = 0.f;
+    }
+  }
+
+  const int64_t stride = (int64_t)gridDim.x * ROWS;
+  const int64_t block_row = (int64_t)blockIdx.x * ROWS;
+  const int64_t steps =
+      block_row < a.rows ? (a.rows - block_row + stride - 1) / stride : 0;
+  const X* x = static_cast<const X*>(a.x);
+  const G* g = static_cast<const G*>(a.g);
+  X* gx = static_cast<X*>(a.gx);
+
+  auto prefetch = [&](int64_t step) {
+    int64_t row = block_row + r + step * stride;
+    if (row >= a.rows) return;
+    const XV* xr = reinterpret_cast<const XV*>(x + row * n);
+    const GV* gr = reinterpret_cast<const GV*>(g + row * n);
+    XV* sx = stage_x(step & 1);
+    GV* sg = stage_g(step & 1);
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j) {
+      int v = j * GROUP + lane;
+      if (v < nvec) {
+        copy_async(&sx[v], &xr[v]);
+        copy_async(&sg[v], &gr[v]);
+      }
+    }
+  };
+
+  if (steps > 0) prefetch(0);
+  __pipeline_commit();
+  for (int64_t t = 0; t < steps; ++t) {
+    if (t + 1 < steps) prefetch(t + 1);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);  // row t has landed; row t+1 may still fly
+
+    const int64_t row = block_row + r + t * stride;
+    const bool valid = row < a.rows;  // uniform when ROWS == 1
+    const XV* sx = stage_x(t & 1);
+    const GV* sg = stage_g(t & 1);
+
+    float2 sums = make_float2(0.f, 0.f);  // (sum x^2, sum g*w*x)
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j) {
+      int v = j * GROUP + lane;
+      if (valid && v < nvec) {
+        XV xv = sx[v];
+        GV gv = sg[v];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          float xf = to_float(xv.v[k]);
+          sums.x += xf * xf;
+          sums.y += to_float(gv.v[k]) * w[j][k] * xf;
+        }
+      }
+    }
+    sums = group_sum<GROUP, BLOCK>(sums, red);
+    const float rstd = rsqrtf(sums.x / n + a.eps);
+    const float c = sums.y / n * rstd * rstd * rstd;
+
+    if (valid) {
+      XV* gxr = reinterpret_cast<XV*>(gx + row * n);
+#pragma unroll
+      for (int j = 0; j < CHUNKS; ++j) {
+        int v = j * GROUP + lane;
+        if (v < nvec) {
+          XV xv = sx[v];
+          GV gv = sg[v];
+          XV out;
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            float xf = to_float(xv.v[k]);
+            float gf = to_float(gv.v[k]);
+            out.v[k] = from_float<X>(rstd * w[j][k] * gf - xf * c);
+            acc[j][k] += gf * xf * rstd;
+          }
+          gxr[v] = out;
+        }
+      }
+    }
+  }
+  __pipeline_wait_prior(0);
+  if (a.w == nullptr) return;
+
+  float* out = a.partials + (int64_t)blockIdx.x * n;
+  if constexpr (ROWS == 1) {
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j) {
+      int v = j * GROUP + lane;
+      if (v < nvec) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) out[v * VEC + k] = acc[j][k];
+      }
+    }
+  } else {
+    // Several rows per step: add the ROWS partials of this block in a fixed
+    // order (row lane 0, 1, ...) through shared memory, then write one row.
+    float* sacc = reinterpret_cast<float*>(smem);  // n floats fit: see plans.h
+    __syncthreads();
+    for (int rr = 0; rr < ROWS; ++rr) {
+      if (r == rr) {
+#pragma unroll
+        for (int j = 0; j < CHUNKS; ++j) {
+          int v = j * GROUP + lane;
+          if (v < nvec) {
+#pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+              int col = v * VEC + k;
+              sacc[col] = (rr == 0 ? 0.f : sacc[col]) + acc[j][k];
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+    for (int col = threadIdx.x; col < n; col += BLOCK) out[col] = sacc[col];
+  }
+}
+
+// Sum of (x^2, g*w*x) over one row, by a whole block, VEC elements at a time.
+template <typename X, typename G, int BLOCK, int VEC>
+__device__ __forceinline__ float2 row_sums(const BwdArgs& a, int64_t row,
+                                           float2* red) {
+  using XV = Vec<X, VEC>;
+  using GV = Vec<G, VEC>;
+  const int nvec = a.n / VEC;
+  const XV* xr = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * a.n);
+  const GV* gr = reinterpret_cast<const GV*>(static_cast<const G*>(a.g) + row * a.n);
+  float2 sums = make_float2(0.f, 0.f);
+  for (int v = threadIdx.x; v < nvec; v += BLOCK) {
+    XV xv = xr[v];
+    GV gv = gr[v];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      float xf = to_float(xv.v[k]);
+      float wf = load_as_float(a.w, a.w_dtype, (int64_t)v * VEC + k);
+      sums.x += xf * xf;
+      sums.y += to_float(gv.v[k]) * wf * xf;
+    }
+  }
+  return group_sum<BLOCK, BLOCK>(sums, red);
+}
+
+// Split plan, kernel 1: per-row statistics (rstd, mean(g*w*x) * rstd^3) for
+// rows too long to keep in one block's registers or shared memory.
+template <typename X, typename G, int BLOCK, int VEC>
+__global__ void __launch_bounds__(BLOCK) bwd_row_stats(const BwdArgs a) {
+  __shared__ float2 red[32];
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    float2 s = row_sums<X, G, BLOCK, VEC>(a, row, red);
+    float rstd = rsqrtf(s.x / a.n + a.eps);
+    if (threadIdx.x == 0) {
+      a.row_stats[2 * row] = rstd;
+      a.row_stats[2 * row + 1] = s.y / a.n * rstd * rstd * rstd;
+    }
+  }
+}
+
+// Split plan, kernel 2: a 32-vector column tile (threadIdx.x) by 8 row lanes
+// (threadIdx.y) walks the rows of its split, writes gx and leaves one fp32 gw
+// partial row per split (blockIdx.y), the 8 lanes added in a fixed order.
+template <typename X, typename G, int VEC>
+__global__ void __launch_bounds__(256) bwd_split_cols(const BwdArgs a) {
+  using XV = Vec<X, VEC>;
+  using GV = Vec<G, VEC>;
+  __shared__ float sacc[8][32 * VEC];
+  const int n = a.n;
+  const int nvec = n / VEC;
+  const int v = blockIdx.x * 32 + threadIdx.x;
+  const int64_t per_split = (a.rows + gridDim.y - 1) / gridDim.y;
+  const int64_t begin = blockIdx.y * per_split;
+  const int64_t end = min(a.rows, begin + per_split);
+
+  float w[VEC], acc[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    w[k] = v < nvec ? load_as_float(a.w, a.w_dtype, (int64_t)v * VEC + k) : 0.f;
+    acc[k] = 0.f;
+  }
+  if (v < nvec) {
+    for (int64_t row = begin + threadIdx.y; row < end; row += 8) {
+      XV xv = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n)[v];
+      GV gv = reinterpret_cast<const GV*>(static_cast<const G*>(a.g) + row * n)[v];
+      float rstd = a.row_stats[2 * row], c = a.row_stats[2 * row + 1];
+      XV out;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        float xf = to_float(xv.v[k]);
+        float gf = to_float(gv.v[k]);
+        out.v[k] = from_float<X>(rstd * w[k] * gf - xf * c);
+        acc[k] += gf * xf * rstd;
+      }
+      reinterpret_cast<XV*>(static_cast<X*>(a.gx) + row * n)[v] = out;
+    }
+  }
+  if (a.w == nullptr) return;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) sacc[threadIdx.y][threadIdx.x * VEC + k] = acc[k];
+  __syncthreads();
+  for (int i = threadIdx.y * 32 + threadIdx.x; i < 32 * VEC; i += 256) {
+    int col = blockIdx.x * 32 * VEC + i;
+    if (col < n) {
+      float s = 0.f;
+#pragma unroll
+      for (int y = 0; y < 8; ++y) s += sacc[y][i];
+      a.partials[(int64_t)blockIdx.y * n + col] = s;
+    }
+  }
+}
+
+// The seed's naive per-row kernel, kept as the baseline: a block per row
+// writes gx and the row's whole gw contribution (in x's dtype, as the seed
+// does) to an M x N buffer that two colsum launches then reduce. The second
+// pass over the row reads x and g again, which mostly hits L1/L2.
+template <typename X, typename G, int BLOCK, int VEC>
+__global__ void __launch_bounds__(BLOCK) bwd_naive_rows(const BwdArgs a) {
+  using XV = Vec<X, VEC>;
+  using GV = Vec<G, VEC>;
+  __shared__ float2 red[32];
+  const int n = a.n;
+  const int nvec = n / VEC;
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    float2 s = row_sums<X, G, BLOCK, VEC>(a, row, red);
+    const float rstd = rsqrtf(s.x / n + a.eps);
+    const float c = s.y / n * rstd * rstd * rstd;
+    const XV* xr = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n);
+    const GV* gr = reinterpret_cast<const GV*>(static_cast<const G*>(a.g) + row * n);
+    XV* gxr = reinterpret_cast<XV*>(static_cast<X*>(a.gx) + row * n);
+    XV* gwr = reinterpret_cast<XV*>(static_cast<X*>(a.naive_rows) + row * n);
+    for (int v = threadIdx.x; v < nvec; v += BLOCK) {
+      XV xv = xr[v];
+      GV gv = gr[v];
+      XV out, part;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        float xf = to_float(xv.v[k]);
+        float gf = to_float(gv.v[k]);
+        float wf = load_as_float(a.w, a.w_dtype, (int64_t)v * VEC + k);
+        out.v[k] = from_float<X>(rstd * wf * gf - xf * c);
+        part.v[k] = from_float<X>(gf * xf * rstd);
+      }
+      gxr[v] = out;
+      if (a.w != nullptr) gwr[v] = part;
+    }
+  }
+}
+
+}  // namespace rmsnorm

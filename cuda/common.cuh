@@ -1,0 +1,146 @@
+// Device helpers shared by the RMSNorm kernels: element conversion, 16-byte
+// vectors, asynchronous copies and fixed-order (deterministic) reductions.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_pipeline.h>
+#include <cuda_runtime.h>
+
+#include "rmsnorm.h"
+
+namespace rmsnorm {
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v) {
+  return static_cast<float>(v);
+}
+template <>
+__device__ __forceinline__ float to_float(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v) {
+  return static_cast<T>(v);
+}
+template <>
+__device__ __forceinline__ __half from_float(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Element i of a buffer whose dtype is only known at run time. Used for the
+// weight and gw, which are touched once per block, never per row.
+__device__ __forceinline__ float load_as_float(const void* p, DType t,
+                                               int64_t i) {
+  switch (t) {
+    case DType::F32:
+      return static_cast<const float*>(p)[i];
+    case DType::F16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::BF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default:
+      return 1.f;  // no weight: the identity scale
+  }
+}
+
+__device__ __forceinline__ void store_from_float(void* p, DType t, int64_t i,
+                                                 float v) {
+  switch (t) {
+    case DType::F32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::F16:
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      break;
+    case DType::BF16:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      break;
+    default:
+      break;
+  }
+}
+
+// VEC elements of T moved as one access: 16 bytes when VEC * sizeof(T) == 16;
+// a 32-byte Vec (fp32 g beside bf16 x) asks only for 16-byte alignment, so
+// the pointers checked by vector_width() suffice and it splits in two loads.
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC < 16 ? sizeof(T) * VEC : 16) Vec {
+  T v[VEC];
+};
+
+// Copy one Vec global -> shared without staging through registers where the
+// hardware can (4, 8 or 16-byte pieces); narrower vectors fall back to a plain
+// copy, which is still correct inside the pipeline, only not overlapped.
+template <typename T, int VEC>
+__device__ __forceinline__ void copy_async(Vec<T, VEC>* dst,
+                                           const Vec<T, VEC>* src) {
+  constexpr int bytes = sizeof(Vec<T, VEC>);
+  if constexpr (bytes % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < bytes / 16; ++i) {
+      __pipeline_memcpy_async(reinterpret_cast<char*>(dst) + 16 * i,
+                              reinterpret_cast<const char*>(src) + 16 * i, 16);
+    }
+  } else if constexpr (bytes == 4 || bytes == 8) {
+    __pipeline_memcpy_async(dst, src, bytes);
+  } else {
+    *dst = *src;
+  }
+}
+
+// Sum of a float2 over GROUP consecutive threads; every thread of the group
+// gets the total. GROUP <= 32 stays inside a warp (shuffles only); a larger
+// GROUP must be the whole block and goes through `smem` (one float2 per warp).
+// The order of additions is fixed by the thread layout, so results are
+// bitwise reproducible.
+template <int GROUP, int BLOCK>
+__device__ __forceinline__ float2 group_sum(float2 v, float2* smem) {
+  static_assert(GROUP <= 32 || GROUP == BLOCK, "group is a sub-warp or the block");
+  constexpr int width = GROUP < 32 ? GROUP : 32;
+#pragma unroll
+  for (int off = width / 2; off > 0; off /= 2) {
+    v.x += __shfl_xor_sync(0xffffffffu, v.x, off, width);
+    v.y += __shfl_xor_sync(0xffffffffu, v.y, off, width);
+  }
+  if constexpr (GROUP > 32) {
+    constexpr int warps = BLOCK / 32;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    v = lane < warps ? smem[lane] : make_float2(0.f, 0.f);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+      v.x += __shfl_xor_sync(0xffffffffu, v.x, off);
+      v.y += __shfl_xor_sync(0xffffffffu, v.y, off);
+    }
+    __syncthreads();  // smem is free again for the next row
+  }
+  return v;
+}
+
+template <typename T>
+struct Pack {};  // maps a dtype tag to its storage type
+template <>
+struct Pack<float> {
+  static constexpr DType tag = DType::F32;
+};
+template <>
+struct Pack<__half> {
+  static constexpr DType tag = DType::F16;
+};
+template <>
+struct Pack<__nv_bfloat16> {
+  static constexpr DType tag = DType::BF16;
+};
+
+}  // namespace rmsnorm

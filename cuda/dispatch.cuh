@@ -1,0 +1,77 @@
+// Host-side helpers for the planners: kernel handles, occupancy, dtype
+// dispatch and table indexing. Internal to cuda/.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "rmsnorm.h"
+
+namespace rmsnorm::detail {
+
+[[noreturn]] void fail(const char* what, cudaError_t err);
+
+inline void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) fail(what, err);
+}
+
+// Multiprocessors of the current device (cached per device).
+int sm_count();
+
+// Resident blocks per SM for a kernel, block size and dynamic shared memory.
+// Raises the kernel's dynamic shared-memory limit first when it is above the
+// 48 KiB default (once per kernel). Cached.
+int blocks_per_sm(const void* host_fn, int block, unsigned smem);
+
+// A call record with the driver handle resolved (cached per kernel).
+KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
+                     const char* name);
+
+template <typename T>
+struct Tag {
+  using type = T;
+};
+
+// Calls f(Tag<A>{}, Tag<B>{}) for the (a, b) storage types the kernels are
+// built for: b is either a itself or fp32 (g and y follow result_type(x, w),
+// which for our dtypes is x's dtype or float32).
+template <typename F>
+decltype(auto) with_types(DType a, DType b, F&& f) {
+  auto same_or_f32 = [&](auto ta) -> decltype(auto) {
+    using A = typename decltype(ta)::type;
+    if (b == DType::F32) return f(ta, Tag<float>{});
+    return f(ta, Tag<A>{});
+  };
+  bool ok = b == a || b == DType::F32;
+  if (!ok) throw std::invalid_argument("rmsnorm: unsupported dtype pairing");
+  switch (a) {
+    case DType::F32:
+      return same_or_f32(Tag<float>{});
+    case DType::F16:
+      return same_or_f32(Tag<__half>{});
+    case DType::BF16:
+      return same_or_f32(Tag<__nv_bfloat16>{});
+    default:
+      throw std::invalid_argument("rmsnorm: unsupported dtype");
+  }
+}
+
+// Index of the first table row whose max_nvec covers nvec, or -1.
+template <typename Table, std::size_t K>
+int table_row(const Table (&table)[K], int nvec) {
+  for (std::size_t i = 0; i < K; ++i)
+    if (nvec <= table[i].max_nvec) return static_cast<int>(i);
+  return -1;
+}
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+inline std::size_t align_up(std::size_t v) { return (v + 255) / 256 * 256; }
+
+}  // namespace rmsnorm::detail

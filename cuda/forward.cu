@@ -1,0 +1,60 @@
+// Forward planner: a row-in-registers kernel from plans::kForward, or the
+// looped kernel for rows past the table or not 16-byte friendly.
+#include "dispatch.cuh"
+#include "forward.cuh"
+#include "plans.h"
+
+namespace rmsnorm {
+namespace {
+
+using plans::kForward;
+
+template <typename X, typename O, std::size_t... I>
+const void* rows_kernel(int row, std::index_sequence<I...>) {
+  static const void* const kernels[] = {reinterpret_cast<const void*>(
+      &fwd_rows<X, O, kForward[I].block, kForward[I].group,
+                kForward[I].chunks>)...};
+  return kernels[row];
+}
+
+template <typename X, typename O, int VEC>
+void plan_looped(const FwdArgs& a, Plan& p) {
+  const void* fn =
+      reinterpret_cast<const void*>(&fwd_looped<X, O, plans::kLoopedBlock, VEC>);
+  const int occ = detail::blocks_per_sm(fn, plans::kLoopedBlock, 0);
+  const int64_t grid =
+      std::min<int64_t>(a.rows, int64_t(detail::sm_count()) * std::max(occ, 1));
+  p.describe = "looped";
+  p.calls.push_back(detail::make_call(fn, dim3(grid), dim3(plans::kLoopedBlock),
+                                      0, "fwd_looped"));
+}
+
+}  // namespace
+
+Plan plan_forward(const FwdArgs& a) {
+  Plan p;
+  if (a.n == 0 || a.rows == 0) return p;
+  const int vec = vector_width(a.x_dtype, a.n, {a.x, a.y});
+  detail::with_types(a.x_dtype, a.y_dtype, [&](auto tx, auto to) {
+    using X = typename decltype(tx)::type;
+    using O = typename decltype(to)::type;
+    constexpr int full = 16 / sizeof(X);
+    const int row = detail::table_row(kForward, a.n / full);
+    if (vec != full) return plan_looped<X, O, 1>(a, p);
+    if (row < 0) return plan_looped<X, O, full>(a, p);
+    const auto& cfg = kForward[row];
+    const int rows_per_step = cfg.block / cfg.group;
+    const void* fn =
+        rows_kernel<X, O>(row, std::make_index_sequence<std::size(kForward)>{});
+    const int occ = detail::blocks_per_sm(fn, cfg.block, 0);
+    const int64_t grid =
+        std::min<int64_t>(detail::ceil_div(a.rows, rows_per_step),
+                          int64_t(detail::sm_count()) * std::max(occ, 1));
+    p.describe = "rows";
+    p.calls.push_back(
+        detail::make_call(fn, dim3(grid), dim3(cfg.block), 0, "fwd_rows"));
+  });
+  return p;
+}
+
+}  // namespace rmsnorm

@@ -1,0 +1,135 @@
+// Host helpers shared by the planners, and the plain-runtime launcher used by
+// the standalone CLI.
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "dispatch.cuh"
+
+namespace rmsnorm {
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "float32";
+    case DType::F16:
+      return "float16";
+    case DType::BF16:
+      return "bfloat16";
+    default:
+      return "none";
+  }
+}
+
+const char* algorithm_name(Algorithm a) {
+  switch (a) {
+    case Algorithm::Persistent:
+      return "persistent";
+    case Algorithm::Split:
+      return "split";
+    case Algorithm::Naive:
+      return "naive";
+    default:
+      return "auto";
+  }
+}
+
+int vector_width(DType t, int n, std::initializer_list<const void*> ptrs) {
+  int full = 16 / static_cast<int>(dtype_size(t));
+  if (n % full != 0) return 1;
+  for (const void* p : ptrs)
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 1;
+  return full;
+}
+
+void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch) {
+  char* base = static_cast<char*>(scratch);
+  a.partials = reinterpret_cast<float*>(base + plan.partials_offset);
+  a.row_stats = reinterpret_cast<float*>(base + plan.row_stats_offset);
+  a.naive_rows = base + plan.naive_offset;
+  a.partial_rows = plan.partial_rows;
+}
+
+cudaError_t launch(const Plan& plan, const void* args, std::size_t,
+                   cudaStream_t stream) {
+  for (const KernelCall& c : plan.calls) {
+    void* params[] = {const_cast<void*>(args)};
+    cudaError_t err = cudaLaunchKernel(c.host_fn, c.grid, c.block, params,
+                                       c.smem, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+namespace detail {
+
+void fail(const char* what, cudaError_t err) {
+  throw std::runtime_error(std::string("[mlx_rmsnorm] ") + what + ": " +
+                           cudaGetErrorString(err));
+}
+
+static std::mutex cache_mutex;
+
+int sm_count() {
+  static std::map<int, int> cache;
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  auto it = cache.find(dev);
+  if (it != cache.end()) return it->second;
+  int sms = 0;
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+        "cudaDeviceGetAttribute(SM count)");
+  return cache[dev] = sms;
+}
+
+int blocks_per_sm(const void* host_fn, int block, unsigned smem) {
+  static std::map<std::tuple<int, const void*, int, unsigned>, int> cache;
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  auto key = std::make_tuple(dev, host_fn, block, smem);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int limit = 0;
+  check(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                               dev),
+        "cudaDeviceGetAttribute(shared memory)");
+  int blocks = 0;
+  if (smem <= static_cast<unsigned>(limit)) {
+    if (smem > 48 * 1024) {
+      check(cudaFuncSetAttribute(host_fn,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(smem)),
+            "cudaFuncSetAttribute(max dynamic shared memory)");
+    }
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, host_fn, block,
+                                                        smem),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  }
+  return cache[key] = blocks;
+}
+
+KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
+                     const char* name) {
+  static std::map<std::pair<int, const void*>, cudaFunction_t> cache;
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  cudaFunction_t fn = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    auto key = std::make_pair(dev, host_fn);
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      check(cudaGetFuncBySymbol(&fn, host_fn), "cudaGetFuncBySymbol");
+      cache[key] = fn;
+    } else {
+      fn = it->second;
+    }
+  }
+  if (smem > 48 * 1024) blocks_per_sm(host_fn, block.x * block.y, smem);
+  return KernelCall{host_fn, fn, grid, block, smem, name};
+}
+
+}  // namespace detail
+}  // namespace rmsnorm

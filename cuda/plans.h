@@ -1,0 +1,67 @@
+// The launch-plan tables: which kernel configuration runs for a row of a given
+// length. Kept apart from the kernels so that tuning is an edit of one table.
+//
+// Rows are keyed by the row length in 16-byte vectors (nvec = N * sizeof(x) /
+// 16: 8 elements for bf16/f16, 4 for f32). The first row whose max_nvec >= nvec
+// is used. A row past the end of a table goes to that direction's fallback
+// (looped forward, split backward), which handles any N.
+//
+//   block:  threads per block.
+//   group:  threads that share one row. group <= 32 reduces with shuffles only
+//           and a block works on block/group rows per step (small N, QK-norm);
+//           group == block puts one row in a block (mid N).
+//   chunks: 16-byte vectors each thread holds per row (registers), so one
+//           row is group * chunks vectors long at most.
+#pragma once
+
+namespace rmsnorm::plans {
+
+struct RowPlan {
+  int max_nvec;
+  int block;
+  int group;
+  int chunks;
+};
+
+// Backward, persistent kernel (x and g double-buffered in shared memory, gw
+// partial in fp32 registers). Register budget: per thread 2 * chunks * VEC
+// floats (w and the gw partial) stay live across the whole row loop, so chunks
+// grows with the block only up to 4 (64 live floats for bf16) before spilling.
+// Shared memory per block is 2 stages * rows/step * N * (sizeof x + sizeof g),
+// which is what ends the table: N = 16384 bf16 already takes 128 KiB (one
+// block per SM); beyond it the split plan takes over.
+inline constexpr RowPlan kBackward[] = {
+    {4, 128, 4, 1},       // N <= 32 bf16: 32 rows per step, 4 lanes per row
+    {8, 128, 8, 1},       // N <= 64
+    {16, 256, 16, 1},     // N <= 128: 16 rows per step (QK-norm head dims)
+    {32, 256, 32, 1},     // N <= 256: a warp per row
+    {64, 256, 32, 2},     // N <= 512
+    {128, 256, 32, 4},    // N <= 1024: still a warp per row, no block barrier
+    {256, 256, 256, 1},   // N <= 2048: a block per row from here on
+    {512, 256, 256, 2},   // N <= 4096
+    {1024, 256, 256, 4},  // N <= 8192: the seed's shape (2 stages = 64 KiB)
+    {2048, 512, 512, 4},  // N <= 16384
+};
+
+// Forward kernel (row in registers, w in fp32 registers, grid-stride over
+// rows with enough resident warps to hide the loads). A 1024-thread row of 4
+// chunks would need more than the 64 registers such a block may use (ptxas
+// spills 420 bytes), so the table stops at N = 16384 bf16.
+inline constexpr RowPlan kForward[] = {
+    {4, 128, 4, 1},     {8, 128, 8, 1},     {16, 256, 16, 1},
+    {32, 256, 32, 1},   {64, 256, 32, 2},   {128, 256, 32, 4},
+    {256, 256, 256, 1}, {512, 256, 256, 2}, {1024, 256, 256, 4},
+    {2048, 512, 512, 4},
+};
+
+// Fallbacks (any N, any alignment; VEC = 1 when N or a pointer is not 16-byte
+// friendly).
+inline constexpr int kLoopedBlock = 512;  // forward, a block per row, 2 reads
+inline constexpr int kNaiveBlock = 256;   // the seed's per-row kernel
+inline constexpr int kNaiveSplits = 64;   // seed: M -> 64 partial rows -> 1
+// Split backward: a row-statistics kernel, then column tiles of 32 vectors by
+// 8 row lanes; enough row splits that about this many blocks fill the GPU.
+inline constexpr int kSplitStatsBlock = 512;
+inline constexpr int kSplitBlocksPerSM = 8;
+
+}  // namespace rmsnorm::plans

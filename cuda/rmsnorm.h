@@ -1,0 +1,93 @@
+// Launch interface of the RMSNorm kernels: plain C++ and the CUDA runtime,
+// no MLX. The MLX glue (mlx_rmsnorm/csrc/eval_gpu.cpp) and the standalone CLI
+// (cuda/cli/rmsnorm_backward.cu) both drive the kernels through this header.
+//
+// A call is planned in two steps:
+//   1. plan_forward / plan_backward pick the kernels from the launch-plan
+//      tables (cuda/plans.cu) and say how much fp32 scratch they need;
+//   2. the caller allocates that scratch, fills in the Args and records every
+//      KernelCall in order (each kernel takes the one Args struct by value).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace rmsnorm {
+
+// Storage types the kernels read and write. `None` marks an absent weight.
+enum class DType : int { F32 = 0, F16 = 1, BF16 = 2, None = 3 };
+
+inline std::size_t dtype_size(DType t) {
+  return t == DType::F32 ? 4 : (t == DType::None ? 0 : 2);
+}
+const char* dtype_name(DType t);
+
+// Backward algorithms. Auto picks Persistent when a row fits its tables and
+// Split otherwise; Naive is the seed's 3-kernel baseline.
+enum class Algorithm : int { Auto = 0, Persistent = 1, Split = 2, Naive = 3 };
+const char* algorithm_name(Algorithm a);
+
+// y = x * rsqrt(mean(x^2) + eps) * w, over rows of length n.
+struct FwdArgs {
+  const void* x;  // rows x n, dtype x_dtype
+  const void* w;  // n, dtype w_dtype, or nullptr
+  void* y;        // rows x n, dtype y_dtype
+  int64_t rows;
+  int n;
+  float eps;
+  DType x_dtype, w_dtype, y_dtype;
+};
+
+// gx, gw of y = rmsnorm(x) * w against the incoming gradient g.
+struct BwdArgs {
+  const void* x;  // rows x n, x_dtype
+  const void* w;  // n, w_dtype, or nullptr (then gw is not computed)
+  const void* g;  // rows x n, g_dtype
+  void* gx;       // rows x n, x_dtype
+  void* gw;       // n, w_dtype (unused without a weight)
+  // Scratch laid out by the plan (fp32): column partials of gw, per-row
+  // statistics and, for the naive chain, its M x n partial in x_dtype.
+  float* partials;   // partial_rows x n
+  float* row_stats;  // rows x 2 (Split only)
+  void* naive_rows;  // rows x n in x_dtype (Naive only)
+  int64_t rows;
+  int n;
+  float eps;
+  DType x_dtype, w_dtype, g_dtype;
+  int partial_rows;  // rows of `partials` that the gw column sum adds up
+};
+
+struct KernelCall {
+  const void* host_fn;  // the kernel's host stub, for cudaLaunchKernel
+  cudaFunction_t fn;    // driver handle: MLX's encoder needs a CUfunction
+  dim3 grid, block;
+  unsigned smem;
+  const char* name;
+};
+
+struct Plan {
+  std::vector<KernelCall> calls;
+  std::size_t scratch_bytes = 0;  // fp32 scratch the caller must provide
+  int partial_rows = 0;           // copy into BwdArgs::partial_rows
+  std::size_t partials_offset = 0, row_stats_offset = 0, naive_offset = 0;
+  Algorithm algorithm = Algorithm::Auto;
+  const char* describe = "";  // the table entry that was chosen, for logs
+};
+
+// Widest element count per 16-byte access that the pointers and n allow.
+int vector_width(DType t, int n, std::initializer_list<const void*> ptrs);
+
+Plan plan_forward(const FwdArgs& a);
+Plan plan_backward(const BwdArgs& a, Algorithm algorithm);
+
+// Fill the scratch pointers of `a` from a base pointer of plan.scratch_bytes.
+void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch);
+
+// Launch a plan on a stream with <<<>>>-equivalent runtime calls (CLI, tests).
+cudaError_t launch(const Plan& plan, const void* args, std::size_t args_size,
+                   cudaStream_t stream);
+
+}  // namespace rmsnorm

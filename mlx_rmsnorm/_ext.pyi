@@ -1,0 +1,22 @@
+from typing import Literal, Optional, Tuple, Union
+
+import mlx.core as mx
+
+has_cuda_kernels: bool
+
+def rms_norm(
+    x: mx.array,
+    weight: Optional[mx.array],
+    eps: float,
+    *,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> mx.array: ...
+def rms_norm_vjp(
+    x: mx.array,
+    weight: Optional[mx.array],
+    g: mx.array,
+    eps: float,
+    *,
+    algorithm: Literal["auto", "persistent", "split", "naive"] = "auto",
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> Tuple[mx.array, Optional[mx.array]]: ...

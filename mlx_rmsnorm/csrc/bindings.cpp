@@ -1,0 +1,74 @@
+// Python bindings of the extension module mlx_rmsnorm._ext.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
+
+#include "rms_norm.h"
+#include "rms_norm_vjp.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+namespace mx = mlx::core;
+
+NB_MODULE(_ext, m) {
+  m.doc() = "RMSNorm primitives for MLX (forward and backward kernels).";
+
+  m.attr("has_cuda_kernels") =
+#ifdef MLX_RMSNORM_CUDA
+      true;
+#else
+      false;
+#endif
+
+  m.def("rms_norm", &mlx_rmsnorm::rms_norm, "x"_a, "weight"_a.none(), "eps"_a,
+        nb::kw_only(), "stream"_a = nb::none(),
+        R"(Root Mean Square normalization (RMS norm).
+
+        Normalizes ``x`` over its last axis and scales by ``weight``:
+        ``y = x * rsqrt(mean(x**2, axis=-1) + eps) * weight``.
+
+        Args:
+            x (array): Input array with at least one dimension.
+            weight (array, optional): 1-D array of size ``x.shape[-1]``, or
+              ``None`` for no scaling.
+            eps (float): Added to the mean square for numerical stability.
+            stream (Stream, optional): Stream or device.
+
+        Returns:
+            array: ``y`` with the shape of ``x`` and dtype
+            ``result_type(x, weight)``.
+        )");
+
+  m.def(
+      "rms_norm_vjp",
+      [](const mx::array& x, const std::optional<mx::array>& weight,
+         const mx::array& g, float eps, const std::string& algorithm,
+         mx::StreamOrDevice s) -> std::pair<mx::array, std::optional<mx::array>> {
+        auto out = mlx_rmsnorm::rms_norm_vjp(
+            x, weight, g, eps, mlx_rmsnorm::parse_algorithm(algorithm), s);
+        if (out.size() == 2) return {out[0], out[1]};
+        return {out[0], std::nullopt};
+      },
+      "x"_a, "weight"_a.none(), "g"_a, "eps"_a, nb::kw_only(),
+      "algorithm"_a = "auto", "stream"_a = nb::none(),
+      R"(Backward of :func:`rms_norm`.
+
+        Args:
+            x (array): The forward input.
+            weight (array, optional): The forward weight, or ``None``.
+            g (array): Gradient of the loss with respect to ``y``; same shape
+              as ``x``.
+            eps (float): The forward ``eps``.
+            algorithm (str): GPU backward: ``"auto"`` (default),
+              ``"persistent"``, ``"split"`` or ``"naive"`` (the 3-kernel
+              baseline). Ignored on the CPU.
+            stream (Stream, optional): Stream or device.
+
+        Returns:
+            tuple(array, array or None): ``(gx, gw)``; ``gw`` is ``None``
+            without a weight.
+        )");
+}

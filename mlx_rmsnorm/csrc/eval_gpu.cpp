@@ -1,0 +1,150 @@
+// GPU evaluation: records our kernels (cuda/) into MLX's CUDA graph. Built
+// only against the CUDA flavor of MLX; the CPU flavor gets a clear error.
+#include "rms_norm.h"
+#include "rms_norm_vjp.h"
+
+#ifdef MLX_RMSNORM_CUDA
+
+#include <cuda.h>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cuda/device.h"
+#include "rmsnorm.h"  // cuda/: the kernels' launch interface
+
+namespace mlx_rmsnorm {
+
+namespace {
+
+rmsnorm::DType kernel_dtype(mx::Dtype t) {
+  switch (t) {
+    case mx::float32:
+      return rmsnorm::DType::F32;
+    case mx::float16:
+      return rmsnorm::DType::F16;
+    case mx::bfloat16:
+      return rmsnorm::DType::BF16;
+    default:
+      throw std::runtime_error("[mlx_rmsnorm] unsupported dtype on the GPU");
+  }
+}
+
+const void* ptr(const mx::array& a) { return a.data<void>(); }
+void* ptr(mx::array& a) { return a.data<void>(); }
+
+// Output memory: reuse a donatable input of the same size and dtype (every
+// kernel of ours reads a row element before it writes it), else allocate.
+void allocate(mx::array& out, std::initializer_list<const mx::array*> donors) {
+  for (const mx::array* d : donors) {
+    if (d && d->is_donatable() && d->dtype() == out.dtype() &&
+        d->flags().row_contiguous && d->size() == out.size()) {
+      out.copy_shared_buffer(*d);
+      return;
+    }
+  }
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+}
+
+mx::array scratch(size_t bytes, mx::cu::CommandEncoder& enc) {
+  mx::array s({static_cast<int>((bytes + 3) / 4)}, mx::float32, nullptr, {});
+  s.set_data(mx::allocator::malloc(std::max<size_t>(bytes, 4)));
+  enc.add_temporary(s);
+  return s;
+}
+
+template <typename Args>
+void record(mx::cu::CommandEncoder& enc, const rmsnorm::KernelCall& c,
+            const Args& args) {
+  enc.add_kernel_node_ex(reinterpret_cast<CUfunction>(c.fn), c.grid, c.block,
+                         dim3(), c.smem, args);
+}
+
+}  // namespace
+
+void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs,
+                       std::vector<mx::array>& outputs) {
+  const mx::array& x = inputs[0];
+  mx::array& y = outputs[0];
+  auto& enc = mx::cu::get_command_encoder(stream());
+  allocate(y, {&x});
+
+  rmsnorm::FwdArgs a{};
+  a.x = ptr(x);
+  a.w = has_weight_ ? ptr(inputs[1]) : nullptr;
+  a.y = ptr(y);
+  a.n = x.shape(-1);
+  a.rows = a.n == 0 ? 0 : static_cast<int64_t>(x.size() / a.n);
+  a.eps = eps_;
+  a.x_dtype = kernel_dtype(x.dtype());
+  a.w_dtype = has_weight_ ? kernel_dtype(inputs[1].dtype()) : rmsnorm::DType::None;
+  a.y_dtype = kernel_dtype(y.dtype());
+
+  rmsnorm::Plan plan = rmsnorm::plan_forward(a);
+  for (auto& in : inputs) enc.set_input_array(in);
+  enc.set_output_array(y);
+  for (auto& c : plan.calls) record(enc, c, a);
+}
+
+void RMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
+                          std::vector<mx::array>& outputs) {
+  const mx::array& x = inputs[0];
+  const mx::array& g = inputs.back();
+  mx::array& gx = outputs[0];
+  auto& enc = mx::cu::get_command_encoder(stream());
+  allocate(gx, {&x, &g});
+  if (has_weight_) outputs[1].set_data(mx::allocator::malloc(outputs[1].nbytes()));
+
+  rmsnorm::BwdArgs a{};
+  a.x = ptr(x);
+  a.w = has_weight_ ? ptr(inputs[1]) : nullptr;
+  a.g = ptr(g);
+  a.gx = ptr(gx);
+  a.gw = has_weight_ ? ptr(outputs[1]) : nullptr;
+  a.n = x.shape(-1);
+  a.rows = a.n == 0 ? 0 : static_cast<int64_t>(x.size() / a.n);
+  a.eps = eps_;
+  a.x_dtype = kernel_dtype(x.dtype());
+  a.w_dtype = has_weight_ ? kernel_dtype(inputs[1].dtype()) : rmsnorm::DType::None;
+  a.g_dtype = kernel_dtype(g.dtype());
+
+  auto plan = rmsnorm::plan_backward(
+      a, static_cast<rmsnorm::Algorithm>(static_cast<int>(algorithm_)));
+  std::optional<mx::array> tmp;
+  if (plan.scratch_bytes > 0) {
+    tmp = scratch(plan.scratch_bytes, enc);
+    rmsnorm::bind_scratch(a, plan, ptr(*tmp));
+  }
+  // MLX orders graph nodes by the arrays each one declares: every node of the
+  // chain reads the inputs and the scratch and writes the outputs.
+  for (auto& c : plan.calls) {
+    for (auto& in : inputs) enc.set_input_array(in);
+    if (tmp) enc.set_input_array(*tmp);
+    if (tmp) enc.set_output_array(*tmp);
+    for (auto& o : outputs) enc.set_output_array(o);
+    record(enc, c, a);
+  }
+}
+
+}  // namespace mlx_rmsnorm
+
+#else  // CPU flavor of MLX
+
+namespace mlx_rmsnorm {
+
+[[noreturn]] static void no_gpu() {
+  throw std::runtime_error(
+      "[mlx_rmsnorm] this build has no GPU kernels: it was built against the "
+      "CPU flavor of MLX. Install MLX with CUDA (pip install 'mlx[cuda13]') "
+      "and rebuild mlx-rmsnorm, or run on the CPU stream.");
+}
+
+void RMSNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  no_gpu();
+}
+void RMSNormVJP::eval_gpu(const std::vector<mx::array>&,
+                          std::vector<mx::array>&) {
+  no_gpu();
+}
+
+}  // namespace mlx_rmsnorm
+
+#endif

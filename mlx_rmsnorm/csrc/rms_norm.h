@@ -1,0 +1,60 @@
+// RMSNorm forward: the op and its primitive.
+#pragma once
+
+#include <optional>
+
+#include "mlx/primitives.h"
+#include "mlx/utils.h"
+
+namespace mlx_rmsnorm {
+
+namespace mx = mlx::core;
+
+// y = x * rsqrt(mean(x^2, axis=-1) + eps) * weight, with the contract of
+// mx.fast.rms_norm: x has at least one dimension, weight is 1-D of size
+// x.shape[-1] or absent, and y has dtype result_type(x, weight).
+mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight,
+                   float eps, mx::StreamOrDevice s = {});
+
+// Validates x and weight as mx.fast.rms_norm does (ValueError on the Python
+// side) and returns the output dtype. `op` prefixes the messages.
+mx::Dtype check_inputs(const char* op, const mx::array& x,
+                       const std::optional<mx::array>& weight);
+
+class RMSNorm : public mx::Primitive {
+ public:
+  RMSNorm(mx::Stream stream, float eps, bool has_weight)
+      : mx::Primitive(stream), eps_(eps), has_weight_(has_weight) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs,
+                std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs,
+                std::vector<mx::array>& outputs) override;
+
+  std::vector<mx::array> jvp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& tangents,
+                             const std::vector<int>& argnums) override;
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>& outputs) override;
+  std::pair<std::vector<mx::array>, std::vector<int>> vmap(
+      const std::vector<mx::array>& inputs,
+      const std::vector<int>& axes) override;
+  std::vector<mx::Shape> output_shapes(
+      const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+  const char* name() const override { return "RMSNormPlugin"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+  float eps() const { return eps_; }
+  bool has_weight() const { return has_weight_; }
+
+ private:
+  float eps_;
+  bool has_weight_;
+};
+
+}  // namespace mlx_rmsnorm
