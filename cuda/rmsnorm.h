@@ -86,8 +86,9 @@ Plan plan_backward(const BwdArgs& a, Algorithm algorithm);
 // Fill the scratch pointers of `a` from a base pointer of plan.scratch_bytes.
 void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch);
 
-// Launch a plan on a stream with <<<>>>-equivalent runtime calls (CLI, tests).
+// Launch a plan on a stream with <<<>>>-equivalent runtime calls (CLI).
 cudaError_t launch(const Plan& plan, const void* args, std::size_t args_size,
                    cudaStream_t stream);
+
 
 }  // namespace rmsnorm

@@ -28,8 +28,10 @@ rmsnorm::DType kernel_dtype(mx::Dtype t) {
   }
 }
 
-const void* ptr(const mx::array& a) { return a.data<void>(); }
-void* ptr(mx::array& a) { return a.data<void>(); }
+// Device addresses. Not array::data(), which would make the buffer host
+// accessible now, at record time, while the nodes producing it have not run.
+const void* ptr(const mx::array& a) { return mx::gpu_ptr<void>(a); }
+void* ptr(mx::array& a) { return mx::gpu_ptr<void>(a); }
 
 // Output memory: reuse a donatable input of the same size and dtype (every
 // kernel of ours reads a row element before it writes it), else allocate.
@@ -51,11 +53,23 @@ mx::array scratch(size_t bytes, mx::cu::CommandEncoder& enc) {
   return s;
 }
 
+// Records one kernel as a graph node, launched by its driver handle (MLX's
+// runtime cannot launch a kernel registered in ours). The node copies the
+// Args struct, which every kernel takes by value.
 template <typename Args>
-void record(mx::cu::CommandEncoder& enc, const rmsnorm::KernelCall& c,
-            const Args& args) {
+void record(mx::cu::CommandEncoder& enc, const rmsnorm::KernelCall& c, Args args) {
   enc.add_kernel_node_ex(reinterpret_cast<CUfunction>(c.fn), c.grid, c.block,
                          dim3(), c.smem, args);
+}
+
+// Our kernels run through our own copy of the CUDA runtime, whose current
+// device is separate from MLX's: point it at the stream's device.
+void use_device(const mx::Stream& s) {
+  cudaError_t err = cudaSetDevice(s.device.index);
+  if (err != cudaSuccess) {
+    throw std::runtime_error(std::string("[mlx_rmsnorm] cudaSetDevice: ") +
+                             cudaGetErrorString(err));
+  }
 }
 
 }  // namespace
@@ -65,6 +79,7 @@ void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs,
   const mx::array& x = inputs[0];
   mx::array& y = outputs[0];
   auto& enc = mx::cu::get_command_encoder(stream());
+  use_device(stream());
   allocate(y, {&x});
 
   rmsnorm::FwdArgs a{};
@@ -81,7 +96,7 @@ void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs,
   rmsnorm::Plan plan = rmsnorm::plan_forward(a);
   for (auto& in : inputs) enc.set_input_array(in);
   enc.set_output_array(y);
-  for (auto& c : plan.calls) record(enc, c, a);
+  for (const auto& c : plan.calls) record(enc, c, a);
 }
 
 void RMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
@@ -90,6 +105,7 @@ void RMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
   const mx::array& g = inputs.back();
   mx::array& gx = outputs[0];
   auto& enc = mx::cu::get_command_encoder(stream());
+  use_device(stream());
   allocate(gx, {&x, &g});
   if (has_weight_) outputs[1].set_data(mx::allocator::malloc(outputs[1].nbytes()));
 
@@ -113,9 +129,10 @@ void RMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
     tmp = scratch(plan.scratch_bytes, enc);
     rmsnorm::bind_scratch(a, plan, ptr(*tmp));
   }
-  // MLX orders graph nodes by the arrays each one declares: every node of the
-  // chain reads the inputs and the scratch and writes the outputs.
-  for (auto& c : plan.calls) {
+  // MLX orders graph nodes by the arrays declared before each one: every
+  // node of the chain reads the inputs and the scratch and writes the outputs
+  // and the scratch, so the chain runs in order.
+  for (const auto& c : plan.calls) {
     for (auto& in : inputs) enc.set_input_array(in);
     if (tmp) enc.set_input_array(*tmp);
     if (tmp) enc.set_output_array(*tmp);

@@ -25,10 +25,15 @@ std::vector<mx::array> rms_norm_vjp(const mx::array& x,
                                     Algorithm algorithm, mx::StreamOrDevice s) {
   auto out_type = check_inputs("rms_norm_vjp", x, weight);
   if (g.shape() != x.shape()) {
-    std::ostringstream msg;
-    msg << "[rms_norm_vjp] g must have the shape of x " << x.shape()
-        << " but has shape " << g.shape() << ".";
-    throw std::invalid_argument(msg.str());
+    auto str = [](const mx::Shape& shape) {
+      std::string out = "(";
+      for (size_t i = 0; i < shape.size(); ++i)
+        out += (i ? ", " : "") + std::to_string(shape[i]);
+      return out + (shape.size() == 1 ? ",)" : ")");
+    };
+    throw std::invalid_argument("[rms_norm_vjp] g must have the shape of x " +
+                                str(x.shape()) + " but has shape " +
+                                str(g.shape()) + ".");
   }
   if (!mx::issubdtype(g.dtype(), mx::floating)) {
     throw std::invalid_argument("[rms_norm_vjp] g must be a floating array.");

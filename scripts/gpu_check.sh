@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The whole GPU check in one device run. From the repo root, on the GPU machine,
+# in a run that carries .device (made here by ../shared/tools/device-wheels):
+#
+#   bash scripts/gpu_check.sh [steps...]      steps: build cli tests bench sanitize
+#                                            (default: build cli tests bench)
+#
+# Installs the carried MLX CUDA wheels, builds the extension against them, then
+# runs the standalone CLI, the whole test suite (GPU-marked tests included) and
+# the benchmark. Logs and results go to $OUT (the device tool brings it back).
+set -uo pipefail
+OUT="${OUT:-$PWD/results/gpu}"
+mkdir -p "$OUT"
+steps="${*:-build cli tests bench}"
+status=0
+has() { [[ " $steps " == *" $1 "* ]]; }
+step() { echo; echo "=== $1 ($(date +%T))"; }
+
+step setup
+source .device/setup.sh || exit 1
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+
+if has build || has tests || has bench || has sanitize; then
+  step build
+  python3 -m pip install --no-build-isolation --no-deps -v . >"$OUT/build.log" 2>&1 \
+    || { tail -40 "$OUT/build.log"; exit 1; }
+  grep -E "CUDA kernels|fmt" "$OUT/build.log" | head -3
+  (cd /tmp && python3 -c "import mlx_rmsnorm as m; assert m.has_cuda_kernels, 'built without kernels'; print('extension OK, CUDA kernels built')") || exit 1
+fi
+
+if has cli; then
+  step cli
+  cmake -S cuda -B build/cuda -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build/cuda >/dev/null \
+    || { echo "CLI build failed"; status=1; }
+  for shape in "8192 16384" "128 262144" "2880 16384"; do
+    ./build/cuda/rmsnorm_backward $shape 30 || status=1
+  done 2>&1 | tee "$OUT/cli.log"
+fi
+
+if has tests; then
+  step tests
+  # Not from the repo root: the installed package (with _ext) must be imported.
+  (cd tests && python3 -m pytest -q -p no:cacheprovider -rfE . 2>&1) | tee "$OUT/tests.log" | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has bench; then
+  step bench
+  (cd "$OUT" && python3 -m mlx_rmsnorm.bench --out "$OUT" 2>&1) | tee "$OUT/bench.log" | tail -60
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has sanitize; then
+  step sanitize
+  for tool in memcheck racecheck synccheck initcheck; do
+    compute-sanitizer --tool $tool --print-limit 20 python3 scripts/sanitize_cases.py 2>&1 \
+      | tail -4 | sed "s/^/[$tool] /"
+  done | tee "$OUT/sanitize.log"
+fi
+
+echo; echo "=== done: status $status"
+exit $status

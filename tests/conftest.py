@@ -1,0 +1,100 @@
+"""Shared fixtures: the devices to test on and a float64 NumPy reference."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlx_rmsnorm
+
+GPU_AVAILABLE = mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels
+
+# Every correctness test runs on the CPU stream, and on the GPU where MLX has
+# CUDA and the plugin was built with its kernels; GPU cases carry the `gpu`
+# marker and skip cleanly elsewhere.
+DEVICES = [
+    pytest.param(mx.cpu, id="cpu"),
+    pytest.param(
+        mx.gpu,
+        id="gpu",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not GPU_AVAILABLE, reason="needs MLX CUDA + kernels"),
+        ],
+    ),
+]
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+# Normwise tolerances (max |err| / max |ref|) by the dtype of the result: one
+# or two roundings in that dtype, accumulation in fp32.
+TOL = {mx.float32: 2e-5, mx.float16: 2e-3, mx.bfloat16: 1.2e-2}
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+def to_numpy(a: mx.array) -> np.ndarray:
+    return np.array(a.astype(mx.float32), dtype=np.float64)
+
+
+def random(shape, dtype, seed, scale=1.0, offset=0.0):
+    rng = np.random.default_rng(seed)
+    return mx.array((rng.standard_normal(shape) * scale + offset).astype(np.float32)).astype(dtype)
+
+
+def ref_forward(x, w, eps):
+    """float64 reference of y from the arrays' actual (rounded) values."""
+    xd = to_numpy(x)
+    r = 1.0 / np.sqrt(np.mean(xd * xd, axis=-1, keepdims=True) + eps)
+    y = xd * r
+    return y * to_numpy(w) if w is not None else y
+
+
+def ref_backward(x, w, g, eps):
+    xd, gd = to_numpy(x), to_numpy(g)
+    n = xd.shape[-1]
+    r = 1.0 / np.sqrt(np.mean(xd * xd, axis=-1, keepdims=True) + eps)
+    v = gd * to_numpy(w) if w is not None else gd
+    gx = r * v - xd * (np.sum(v * xd, axis=-1, keepdims=True) / n) * r**3
+    gw = None
+    if w is not None:
+        gw = (gd * xd * r).reshape(-1, n).sum(axis=0)
+    return gx, gw
+
+
+def gx_scale(x, w, g, eps) -> float:
+    """Size of the terms gx is the difference of (r * g * w). For N = 1, or
+    rows where they nearly cancel, gx itself is far smaller than its terms and
+    fp32 arithmetic can only be accurate relative to them."""
+    xd, gd = to_numpy(x), to_numpy(g)
+    r = 1.0 / np.sqrt(np.mean(xd * xd, axis=-1, keepdims=True) + eps)
+    v = gd * to_numpy(w) if w is not None else gd
+    return float(np.max(np.abs(r * v))) if v.size else 0.0
+
+
+def rel_err(out, ref, scale=None) -> float:
+    """max |out - ref| / max |ref| (or / scale when given)."""
+    out = to_numpy(out) if isinstance(out, mx.array) else out
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert np.all(np.isfinite(out)), "non-finite values in the output"
+    if scale is None:
+        scale = np.max(np.abs(ref)) if ref.size else 0.0
+    err = np.max(np.abs(out - ref)) if ref.size else 0.0
+    return float(err / scale) if scale > 0 else float(err)
+
+
+# One rounding to the output dtype, relative to the largest element (unit
+# roundoff: 2^-8 for bfloat16, 2^-11 for float16, 2^-24 for float32).
+ONE_ROUNDING = {mx.bfloat16: 2.0**-8, mx.float16: 2.0**-11, mx.float32: 2.0**-24}
+_MANTISSA = {mx.bfloat16: 7, mx.float16: 10, mx.float32: 23}
+
+
+def ulp_errors(out, ref, dtype) -> float:
+    """Largest |out - ref| in units of the output dtype's ulp at ref; a
+    correctly rounded result is <= 0.5, and fp32 accumulation adds a little."""
+    out = to_numpy(out)
+    mag = np.maximum(np.abs(ref), np.max(np.abs(ref)) * 1e-3)  # no ulp of ~0
+    ulp = 2.0 ** (np.floor(np.log2(mag)) - _MANTISSA[dtype])
+    return float(np.max(np.abs(out - ref) / ulp))

@@ -1,0 +1,140 @@
+"""GPU kernels on every launch plan: shapes from the tables' edges to the
+fallbacks, both backward algorithms (and split), dtypes, alignment, accuracy
+of gw and determinism. Skipped without MLX CUDA and our kernels."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import GPU_AVAILABLE, ONE_ROUNDING, TOL, gx_scale, random, ref_backward, ref_forward, rel_err, ulp_errors
+
+import mlx_rmsnorm
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not GPU_AVAILABLE, reason="needs MLX CUDA + kernels"),
+]
+
+# (M, N): every row of the backward/forward tables, the fallbacks (odd N,
+# N past the tables), M smaller than the grid, and the benchmark shapes.
+SHAPES = [
+    (1, 1), (3, 7), (1000, 1), (257, 31), (513, 32), (129, 33), (4096, 64),
+    (20000, 128), (3000, 256), (1500, 512), (1024, 1000), (2048, 1024),
+    (700, 2048), (16384, 2880), (600, 4096), (2048, 4099), (4096, 8192),
+    (300, 16384), (256, 32768), (40, 65536), (6, 262144), (262144, 128),
+]
+ALGORITHMS = ["auto", "split", "naive"]
+
+
+def run(x, w, g, eps=1e-5, algorithm="auto"):
+    y = mlx_rmsnorm.rms_norm(x, w, eps, stream=mx.gpu)
+    gx, gw = mlx_rmsnorm.rms_norm_vjp(x, w, g, eps, algorithm=algorithm, stream=mx.gpu)
+    mx.eval(y, gx, gw)
+    return y, gx, gw
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("m,n", SHAPES, ids=[f"{m}x{n}" for m, n in SHAPES])
+def test_bf16_shapes(m, n, algorithm):
+    x = random((m, n), mx.bfloat16, m + n)
+    w = random((n,), mx.bfloat16, 1, 0.5, 1.0)
+    g = random((m, n), mx.bfloat16, 2 * m + n)
+    y, gx, gw = run(x, w, g, algorithm=algorithm)
+    assert rel_err(y, ref_forward(x, w, 1e-5)) <= TOL[mx.bfloat16]
+    ref_gx, ref_gw = ref_backward(x, w, g, 1e-5)
+    assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= TOL[mx.bfloat16]
+    # gw accuracy: summed in fp32 and rounded once to bf16, so within one
+    # bf16 rounding of the float64 value, element by element (<= 1 ulp). The
+    # naive chain rounds its M x N partial to bf16 as the seed's does.
+    if algorithm == "naive":
+        assert rel_err(gw, ref_gw) <= 1e-2
+    else:
+        assert rel_err(gw, ref_gw) <= ONE_ROUNDING[mx.bfloat16]
+        assert ulp_errors(gw, ref_gw, mx.bfloat16) <= 1.0
+
+
+@pytest.mark.parametrize("m,n", [(4096, 8192), (262144, 128), (16384, 2880), (1024, 16384)])
+def test_gw_float32_accuracy(m, n):
+    x = random((m, n), mx.float32, 3)
+    w = random((n,), mx.float32, 4, 0.5, 1.0)
+    g = random((m, n), mx.float32, 5)
+    _, gx, gw = run(x, w, g)
+    ref_gx, ref_gw = ref_backward(x, w, g, 1e-5)
+    assert rel_err(gw, ref_gw) <= 1e-6 * max(1.0, np.log2(m))
+    assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= 2e-6
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+@pytest.mark.parametrize("m,n", [(999, 128), (333, 1024), (100, 4096), (64, 8192), (16, 20000)])
+@pytest.mark.parametrize("algorithm", ["auto", "naive"])
+def test_other_dtypes(dtype, m, n, algorithm):
+    x = random((m, n), dtype, 6)
+    w = random((n,), dtype, 7, 0.5, 1.0)
+    g = random((m, n), dtype, 8)
+    y, gx, gw = run(x, w, g, algorithm=algorithm)
+    assert rel_err(y, ref_forward(x, w, 1e-5)) <= TOL[dtype]
+    ref_gx, ref_gw = ref_backward(x, w, g, 1e-5)
+    assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= TOL[dtype]
+    assert rel_err(gw, ref_gw) <= (TOL[dtype] if algorithm == "naive" else 2 * TOL[dtype] / 5)
+
+
+@pytest.mark.parametrize("n", [128, 2048, 8192, 40000])
+@pytest.mark.parametrize("w_dtype", [mx.float32, None])
+def test_mixed_and_no_weight(n, w_dtype):
+    x = random((257, n), mx.bfloat16, 9)
+    w = None if w_dtype is None else random((n,), w_dtype, 10, 0.5, 1.0)
+    out_type = mx.float32 if w_dtype is not None else mx.bfloat16
+    g = random((257, n), out_type, 11)
+    y, gx, gw = run(x, w, g)
+    assert y.dtype == out_type
+    assert rel_err(y, ref_forward(x, w, 1e-5)) <= TOL[out_type]
+    ref_gx, ref_gw = ref_backward(x, w, g, 1e-5)
+    assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= TOL[mx.bfloat16]
+    if w is None:
+        assert gw is None
+    else:
+        assert rel_err(gw, ref_gw) <= 1e-5
+
+
+@pytest.mark.parametrize("n", [64, 1024, 8192])
+def test_unaligned_inputs(n):
+    """A flat slice that starts one element in breaks 16-byte alignment."""
+    m = 100
+    x = random((m * n + 1,), mx.bfloat16, 12)[1:].reshape(m, n)
+    g = random((m * n + 1,), mx.bfloat16, 13)[1:].reshape(m, n)
+    w = random((n + 1,), mx.bfloat16, 14)[1:]
+    y, gx, gw = run(x, w, g)
+    assert rel_err(y, ref_forward(x, w, 1e-5)) <= TOL[mx.bfloat16]
+    ref_gx, ref_gw = ref_backward(x, w, g, 1e-5)
+    assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= TOL[mx.bfloat16]
+    assert rel_err(gw, ref_gw) <= ONE_ROUNDING[mx.bfloat16]
+
+
+@pytest.mark.parametrize("m,n", [(16384, 8192), (262144, 128), (16384, 2880), (8192, 16384), (1000, 1)])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_bitwise_deterministic(m, n, algorithm):
+    x = random((m, n), mx.bfloat16, 15)
+    w = random((n,), mx.bfloat16, 16)
+    g = random((m, n), mx.bfloat16, 17)
+    first = None
+    for _ in range(20):
+        _, gx, gw = run(x, w, g, algorithm=algorithm)
+        bits = (np.array(gx.view(mx.uint16)), np.array(gw.view(mx.uint16)))
+        if first is None:
+            first = bits
+        assert np.array_equal(bits[0], first[0]) and np.array_equal(bits[1], first[1])
+
+
+@pytest.mark.parametrize("m,n", [(16384, 8192), (262144, 128), (16384, 2880), (8192, 16384)])
+def test_matches_builtin_and_is_more_accurate(m, n):
+    x = random((m, n), mx.bfloat16, 18)
+    w = random((n,), mx.bfloat16, 19, 0.5, 1.0)
+    g = random((m, n), mx.bfloat16, 20)
+    y, gx, gw = run(x, w, g)
+    _, (bgx, bgw) = mx.vjp(lambda x, w: mx.fast.rms_norm(x, w, 1e-5), [x, w], [g])
+    by = mx.fast.rms_norm(x, w, 1e-5)
+    ref_gx, ref_gw = ref_backward(x, w, g, 1e-5)
+    tol = TOL[mx.bfloat16]
+    assert rel_err(y, np.array(by.astype(mx.float32), dtype=np.float64)) <= tol
+    assert rel_err(gx, np.array(bgx.astype(mx.float32), dtype=np.float64)) <= tol
+    assert rel_err(gw, np.array(bgw.astype(mx.float32), dtype=np.float64)) <= 5 * tol
+    assert rel_err(gw, ref_gw) <= max(rel_err(bgw, ref_gw), ONE_ROUNDING[mx.bfloat16])
