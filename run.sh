@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine (Linux, Python >= 3.10):
+#
+#   ./run.sh          set up, then run the main job (examples/train.py)
+#   ./run.sh test     set up, then run the test suite
+#   ./run.sh bench    set up, then run the benchmark (python -m mlx_rmsnorm.bench)
+#
+# Set-up (idempotent): a virtual environment in .venv (or $VENV), MLX with
+# CUDA when an NVIDIA GPU is visible (mlx[cuda13]) and the CPU build otherwise,
+# the build and test tools, and this package built against that MLX.
+set -euo pipefail
+cd "$(dirname "$0")"
+MLX_VERSION="${MLX_VERSION:-0.32.4}"
+VENV="${VENV:-.venv}"
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+PY="$PWD/$VENV/bin/python"
+pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+
+if ! "$PY" -c "import mlx.core" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    flavor=cuda13
+  else
+    flavor=cpu
+  fi
+  echo "[run.sh] installing mlx[$flavor]==$MLX_VERSION"
+  pip_install "mlx[$flavor]==$MLX_VERSION"
+fi
+pip_install setuptools wheel "nanobind>=2.4" "cmake>=3.24" numpy pytest hypothesis tqdm matplotlib
+echo "[run.sh] building mlx-rmsnorm against the installed MLX"
+pip_install --no-build-isolation --no-deps .
+
+case "${1:-main}" in
+  test)
+    shift || true
+    # From tests/: the installed package (with its extension) is imported,
+    # not the source folder.
+    cd tests && exec "$PY" -m pytest -q "$@" ;;
+  bench)
+    shift
+    exec "$PY" -m mlx_rmsnorm.bench "$@" ;;
+  main)
+    shift || true
+    exec "$PY" examples/train.py "$@" ;;
+  *)
+    echo "usage: ./run.sh [main|test|bench] [args...]" >&2
+    exit 2 ;;
+esac
