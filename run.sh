@@ -27,14 +27,14 @@ if ! "$PY" -c "import mlx.core" 2>/dev/null; then
 fi
 pip_install setuptools wheel "nanobind>=2.4" "cmake>=3.24" numpy pytest hypothesis tqdm matplotlib
 echo "[run.sh] building mlx-rmsnorm against the installed MLX"
-pip_install --no-build-isolation --no-deps .
+# Editable: the extension is built into mlx_rmsnorm/, so the package imports
+# the same from this folder and from anywhere else.
+pip_install --no-build-isolation --no-deps -e .
 
 case "${1:-main}" in
   test)
     shift || true
-    # From tests/: the installed package (with its extension) is imported,
-    # not the source folder.
-    cd tests && exec "$PY" -m pytest -q "$@" ;;
+    exec "$PY" -m pytest -q tests "$@" ;;
   bench)
     shift
     exec "$PY" -m mlx_rmsnorm.bench "$@" ;;

@@ -2,16 +2,17 @@
 # The whole GPU check in one device run. From the repo root, on the GPU machine,
 # in a run that carries .device (made here by ../shared/tools/device-wheels):
 #
-#   bash scripts/gpu_check.sh [steps...]      steps: build cli tests bench sanitize
-#                                            (default: build cli tests bench)
+#   bash scripts/gpu_check.sh [steps...]   steps: build cli tests train bench sanitize
+#                                         (default: build cli tests train bench)
 #
 # Installs the carried MLX CUDA wheels, builds the extension against them, then
 # runs the standalone CLI, the whole test suite (GPU-marked tests included) and
 # the benchmark. Logs and results go to $OUT (the device tool brings it back).
 set -uo pipefail
-OUT="${OUT:-$PWD/results/gpu}"
+ROOT="$PWD"
+OUT="${OUT:-$ROOT/results/gpu}"
 mkdir -p "$OUT"
-steps="${*:-build cli tests bench}"
+steps="${*:-build cli tests train bench}"
 status=0
 has() { [[ " $steps " == *" $1 "* ]]; }
 step() { echo; echo "=== $1 ($(date +%T))"; }
@@ -22,10 +23,10 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,nohea
 
 if has build || has tests || has bench || has sanitize; then
   step build
-  python3 -m pip install --no-build-isolation --no-deps -v . >"$OUT/build.log" 2>&1 \
+  python3 -m pip install --no-build-isolation --no-deps -v -e . >"$OUT/build.log" 2>&1 \
     || { tail -40 "$OUT/build.log"; exit 1; }
   grep -E "CUDA kernels|fmt" "$OUT/build.log" | head -3
-  (cd /tmp && python3 -c "import mlx_rmsnorm as m; assert m.has_cuda_kernels, 'built without kernels'; print('extension OK, CUDA kernels built')") || exit 1
+  python3 -c "import mlx_rmsnorm as m; assert m.has_cuda_kernels, 'built without kernels'; print('extension OK, CUDA kernels built')" || exit 1
 fi
 
 if has cli; then
@@ -40,13 +41,22 @@ fi
 if has tests; then
   step tests
   # Not from the repo root: the installed package (with _ext) must be imported.
-  (cd tests && python3 -m pytest -q -p no:cacheprovider -rfE . 2>&1) | tee "$OUT/tests.log" | tail -40
+  # pytest-xdist (on the GPU machine's image) spreads the float64 references
+  # over the CPU cores; the GPU work itself is small.
+  xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+  python3 -m pytest -q -p no:cacheprovider -rfE $xdist tests 2>&1 | tee "$OUT/tests.log" | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has train; then
+  step train
+  python3 examples/train.py 2>&1 | tee "$OUT/train.log" | tail -25
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
 if has bench; then
   step bench
-  (cd "$OUT" && python3 -m mlx_rmsnorm.bench --out "$OUT" 2>&1) | tee "$OUT/bench.log" | tail -60
+  python3 -m mlx_rmsnorm.bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "cases:" | tail -75
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
