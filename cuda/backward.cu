@@ -16,7 +16,7 @@ template <typename X, typename G, std::size_t... I>
 const void* persistent_kernel(int row, std::index_sequence<I...>) {
   static const void* const kernels[] = {reinterpret_cast<const void*>(
       &bwd_persistent<X, G, kBackward[I].block, kBackward[I].group,
-                      kBackward[I].chunks>)...};
+                      kBackward[I].chunks, kBackward[I].stages>)...};
   return kernels[row];
 }
 
@@ -35,8 +35,8 @@ bool plan_persistent(const BwdArgs& a, int vec, Plan& p) {
   if (vec != full || row < 0) return false;
   const auto& cfg = kBackward[row];
   const int rows_per_step = cfg.block / cfg.group;
-  const std::size_t smem =
-      2ull * rows_per_step * nvec * 16 * (1 + sizeof(G) / sizeof(X));
+  const std::size_t smem = std::size_t(cfg.stages) * rows_per_step * nvec *
+                           16 * (1 + sizeof(G) / sizeof(X));
   const void* fn = persistent_kernel<X, G>(
       row, std::make_index_sequence<std::size(kBackward)>{});
   const int occupancy = detail::blocks_per_sm(fn, cfg.block, smem);

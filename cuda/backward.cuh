@@ -13,12 +13,12 @@
 namespace rmsnorm {
 
 // Persistent kernel (the seed's design). The grid is sized by the machine;
-// block b walks rows b*ROWS, b*ROWS + gridDim*ROWS, ... One row ahead of the
-// compute, x and g land in shared memory through asynchronous copies (two
-// stages), so loads stay in flight although only a few blocks are resident.
+// block b walks rows b*ROWS, b*ROWS + gridDim*ROWS, ... STAGES-1 rows ahead
+// of the compute, x and g land in shared memory through asynchronous copies,
+// so loads stay in flight although only a few blocks are resident.
 // gw stays in fp32 registers for the whole walk and is written once per
 // block: partials is gridDim.x x n, summed afterwards by colsum.
-template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS>
+template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES>
 __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ROWS = BLOCK / GROUP;
@@ -68,8 +68,8 @@ __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
     if (row >= a.rows) return;
     const XV* xr = reinterpret_cast<const XV*>(x + row * n);
     const GV* gr = reinterpret_cast<const GV*>(g + row * n);
-    XV* sx = stage_x(step & 1);
-    GV* sg = stage_g(step & 1);
+    XV* sx = stage_x(step % STAGES);
+    GV* sg = stage_g(step % STAGES);
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
       int v = j * GROUP + lane;
@@ -80,17 +80,23 @@ __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
     }
   };
 
-  if (steps > 0) prefetch(0);
-  __pipeline_commit();
-  for (int64_t t = 0; t < steps; ++t) {
-    if (t + 1 < steps) prefetch(t + 1);
+  // One commit group per row, empty past the end, so that waiting for all
+  // but the newest STAGES-1 groups always means "row t has landed".
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < steps) prefetch(s);
     __pipeline_commit();
-    __pipeline_wait_prior(1);  // row t has landed; row t+1 may still fly
+  }
+  for (int64_t t = 0; t < steps; ++t) {
+    // Refills the stage computed on at t-1: the same thread read it then.
+    if (t + STAGES - 1 < steps) prefetch(t + STAGES - 1);
+    __pipeline_commit();
+    __pipeline_wait_prior(STAGES - 1);
 
     const int64_t row = block_row + r + t * stride;
     const bool valid = row < a.rows;  // uniform when ROWS == 1
-    const XV* sx = stage_x(t & 1);
-    const GV* sg = stage_g(t & 1);
+    const XV* sx = stage_x(t % STAGES);
+    const GV* sg = stage_g(t % STAGES);
 
     float2 sums = make_float2(0.f, 0.f);  // (sum x^2, sum g*w*x)
 #pragma unroll

@@ -12,6 +12,8 @@
 //           group == block puts one row in a block (mid N).
 //   chunks: 16-byte vectors each thread holds per row (registers), so one
 //           row is group * chunks vectors long at most.
+//   stages: (backward) rows of x and g in shared memory per row lane: one
+//           being computed on, stages - 1 in flight.
 #pragma once
 
 namespace rmsnorm::plans {
@@ -21,26 +23,32 @@ struct RowPlan {
   int block;
   int group;
   int chunks;
+  int stages = 1;  // shared-memory stages of x and g (backward only)
 };
 
-// Backward, persistent kernel (x and g double-buffered in shared memory, gw
-// partial in fp32 registers). Register budget: per thread 2 * chunks * VEC
-// floats (w and the gw partial) stay live across the whole row loop, so chunks
-// grows with the block only up to 4 (64 live floats for bf16) before spilling.
-// Shared memory per block is 2 stages * rows/step * N * (sizeof x + sizeof g),
-// which is what ends the table: N = 16384 bf16 already takes 128 KiB (one
-// block per SM); beyond it the split plan takes over.
+// Backward, persistent kernel (x and g staged in shared memory, gw partial in
+// fp32 registers). Register budget: per thread 2 * chunks * VEC floats (w and
+// the gw partial) stay live across the whole row loop, so chunks grows with
+// the block only up to 4 (64 live floats for bf16) before spilling.
+// Stages: 2 is the seed's double buffer, one row per block in flight. A
+// third stage (twice the bytes in flight) measured no faster on the H200
+// (standalone CLI, bf16, us: 16384x8192 237.6 vs 238.9 with 2; 262144x128
+// 63.9 vs 62.7; 16384x2880 86.4 vs 84.6), so the table keeps 2 and the
+// smaller shared-memory footprint. Shared memory per block is stages *
+// rows/step * N * (sizeof x + sizeof g), which is what ends the table: at
+// N = 16384 bf16 two stages take 128 KiB (one block per SM); beyond it the
+// split plan takes over.
 inline constexpr RowPlan kBackward[] = {
-    {4, 128, 4, 1},       // N <= 32 bf16: 32 rows per step, 4 lanes per row
-    {8, 128, 8, 1},       // N <= 64
-    {16, 256, 16, 1},     // N <= 128: 16 rows per step (QK-norm head dims)
-    {32, 256, 32, 1},     // N <= 256: a warp per row
-    {64, 256, 32, 2},     // N <= 512
-    {128, 256, 32, 4},    // N <= 1024: still a warp per row, no block barrier
-    {256, 256, 256, 1},   // N <= 2048: a block per row from here on
-    {512, 256, 256, 2},   // N <= 4096
-    {1024, 256, 256, 4},  // N <= 8192: the seed's shape (2 stages = 64 KiB)
-    {2048, 512, 512, 4},  // N <= 16384
+    {4, 128, 4, 1, 2},       // N <= 32 bf16: 32 rows per step, 4 lanes per row
+    {8, 128, 8, 1, 2},       // N <= 64
+    {16, 256, 16, 1, 2},     // N <= 128: 16 rows per step (QK-norm head dims)
+    {32, 256, 32, 1, 2},     // N <= 256: a warp per row
+    {64, 256, 32, 2, 2},     // N <= 512
+    {128, 256, 32, 4, 2},    // N <= 1024: still a warp per row, no block barrier
+    {256, 256, 256, 1, 2},   // N <= 2048: a block per row from here on
+    {512, 256, 256, 2, 2},   // N <= 4096
+    {1024, 256, 256, 4, 2},  // N <= 8192: the seed's shape
+    {2048, 512, 512, 4, 2},  // N <= 16384
 };
 
 // Forward kernel (row in registers, w in fp32 registers, grid-stride over
