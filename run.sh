@@ -25,7 +25,8 @@ if ! "$PY" -c "import mlx.core" 2>/dev/null; then
   echo "[run.sh] installing mlx[$flavor]==$MLX_VERSION"
   pip_install "mlx[$flavor]==$MLX_VERSION"
 fi
-pip_install setuptools wheel "nanobind>=2.4" "cmake>=3.24" numpy pytest hypothesis tqdm matplotlib
+pip_install setuptools wheel "nanobind>=2.4" "cmake>=3.24" numpy pytest hypothesis tqdm matplotlib \
+  "mlx-lm==0.32.2"  # the tests train tiny mlx-lm models with patch()
 echo "[run.sh] building mlx-rmsnorm against the installed MLX"
 # Editable: the extension is built into mlx_rmsnorm/, so the package imports
 # the same from this folder and from anywhere else.

@@ -2,8 +2,9 @@
 # The whole GPU check in one device run. From the repo root, on the GPU machine,
 # in a run that carries .device (made here by ../shared/tools/device-wheels):
 #
-#   bash scripts/gpu_check.sh [steps...]   steps: build cli tests train bench sanitize
-#                                         (default: build cli tests train bench)
+#   bash scripts/gpu_check.sh [steps...]   steps: build cli tests train transformer
+#                                         bench sanitize
+#                                         (default: build cli tests train transformer bench)
 #
 # Installs the carried MLX CUDA wheels, builds the extension against them, then
 # runs the standalone CLI, the whole test suite (GPU-marked tests included) and
@@ -12,7 +13,7 @@ set -uo pipefail
 ROOT="$PWD"
 OUT="${OUT:-$ROOT/results/gpu}"
 mkdir -p "$OUT"
-steps="${*:-build cli tests train bench}"
+steps="${*:-build cli tests train transformer bench}"
 status=0
 has() { [[ " $steps " == *" $1 "* ]]; }
 step() { echo; echo "=== $1 ($(date +%T))"; }
@@ -44,7 +45,8 @@ if has tests; then
   # pytest-xdist (on the GPU machine's image) spreads the float64 references
   # over the CPU cores; the GPU work itself is small.
   xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
-  python3 -m pytest -q -p no:cacheprovider -rfE $xdist tests 2>&1 | tee "$OUT/tests.log" | tail -40
+  MLX_RMSNORM_HYPOTHESIS_PROFILE=gpu \
+    python3 -m pytest -q -p no:cacheprovider -rfE $xdist tests 2>&1 | tee "$OUT/tests.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
@@ -52,6 +54,13 @@ if has train; then
   step train
   python3 examples/train.py 2>&1 | tee "$OUT/train.log" | tail -25
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has transformer; then
+  step transformer
+  for precision in float32 mixed bfloat16; do
+    python3 examples/train_transformer.py --precision $precision 2>&1 | tail -7 || status=1
+  done | tee "$OUT/transformer.log"
 fi
 
 if has bench; then

@@ -1,5 +1,6 @@
 // CPU evaluation of both primitives: fp32 accumulation, rows processed one at
 // a time on MLX's CPU stream (the work is queued, not run inline).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -60,6 +61,24 @@ void store(mx::array& out, int64_t start, const float* src, int n) {
   }
 }
 
+// fp32 sums in blocks: each block of kBlock terms is added up on its own and
+// the block sums then, so rounding grows with kBlock + n / kBlock rather than
+// with n (rows of 10^5 elements, gw over 10^5 rows), as the GPU's per-thread
+// partials and tree reductions do.
+constexpr int kBlock = 256;
+
+template <typename Term>
+float blocked_sum(int n, Term term) {
+  float total = 0.f;
+  for (int start = 0; start < n; start += kBlock) {
+    float part = 0.f;
+    for (int i = start, end = std::min(n, start + kBlock); i < end; ++i)
+      part += term(i);
+    total += part;
+  }
+  return total;
+}
+
 void require_row_contiguous(const mx::array& a) {
   if (!a.flags().row_contiguous) {
     throw std::runtime_error("[mlx_rmsnorm] internal: input is not row-contiguous");
@@ -93,8 +112,7 @@ void RMSNorm::eval_cpu(const std::vector<mx::array>& inputs,
     if (has_w) wr.load(0, n, w.data());
     for (int64_t r = 0; r < rows; ++r) {
       xr.load(r, n, xv.data());
-      float ss = 0.f;
-      for (int i = 0; i < n; ++i) ss += xv[i] * xv[i];
+      float ss = blocked_sum(n, [&](int i) { return xv[i] * xv[i]; });
       float rstd = 1.f / std::sqrt(ss / n + eps);
       for (int i = 0; i < n; ++i) xv[i] = xv[i] * rstd * w[i];
       store(y, r * n, xv.data(), n);
@@ -121,26 +139,28 @@ void RMSNormVJP::eval_cpu(const std::vector<mx::array>& inputs,
   auto gx = mx::array::unsafe_weak_copy(outputs[0]);
   auto gw = has_w ? mx::array::unsafe_weak_copy(outputs[1]) : gx;
   enc.dispatch([=]() mutable {
-    std::vector<float> xv(n), gv(n), w(n, 1.f), out(n), gw_acc(n, 0.f);
+    std::vector<float> xv(n), gv(n), w(n, 1.f), out(n);
+    std::vector<float> gw_total(n, 0.f), gw_part(n, 0.f);
     if (has_w) wr.load(0, n, w.data());
     for (int64_t r = 0; r < rows; ++r) {
       xr.load(r, n, xv.data());
       gr.load(r, n, gv.data());
-      float ss = 0.f, dot = 0.f;
-      for (int i = 0; i < n; ++i) {
-        ss += xv[i] * xv[i];
-        dot += gv[i] * w[i] * xv[i];
-      }
+      float ss = blocked_sum(n, [&](int i) { return xv[i] * xv[i]; });
+      float dot = blocked_sum(n, [&](int i) { return gv[i] * w[i] * xv[i]; });
       float rstd = 1.f / std::sqrt(ss / n + eps);
       float c = dot / n * rstd * rstd * rstd;
       for (int i = 0; i < n; ++i) {
         out[i] = rstd * w[i] * gv[i] - xv[i] * c;
-        gw_acc[i] += gv[i] * xv[i] * rstd;
+        gw_part[i] += gv[i] * xv[i] * rstd;
       }
       store(gx, r * n, out.data(), n);
+      if ((r + 1) % kBlock == 0 || r + 1 == rows) {  // blocks of rows, as above
+        for (int i = 0; i < n; ++i) gw_total[i] += gw_part[i];
+        std::fill(gw_part.begin(), gw_part.end(), 0.f);
+      }
     }
     // gw: summed over all rows in fp32, cast once.
-    if (has_w) store(gw, 0, gw_acc.data(), n);
+    if (has_w) store(gw, 0, gw_total.data(), n);
   });
 }
 
