@@ -12,6 +12,15 @@ of one step, timed on its own with the step's shapes).
 precision: float32; mixed = bf16 weights and activations with the norm weights
 kept in fp32 (nn.RMSNorm's default), so the norms see bf16 x and an fp32
 weight and return fp32, as the built-in does; bfloat16 = the whole model cast.
+
+What "agree" means: the first step's gradients of every parameter, from the
+same weights and batch, match to the precision's tolerance (this is where the
+two RMSNorms meet exactly). After that the loss curves are compared only
+loosely: AdamW divides each update by the root of its second moment, so
+parameters whose gradient is near zero move by about the learning rate
+whatever the last bits of that gradient are, and two exact but differently
+rounded backwards separate slowly (seen on an H200: 4e-7 at step 0, 1e-3
+after 10 steps, 1.4% at step 30 of a run whose loss fell from 6.8 to 0.4).
 """
 
 import argparse
@@ -22,6 +31,7 @@ from functools import partial
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
+from mlx.utils import tree_flatten
 
 import mlx_rmsnorm
 
@@ -131,6 +141,35 @@ def train(args, data, use_plugin):
     return losses, times
 
 
+def first_step_gradients_agree(args, data):
+    """Largest normwise relative difference, over all parameters, between the
+    first-step gradients with the built-in and with the plugin."""
+    mx.random.seed(args.seed)
+    model = Transformer(args.vocab, args.dims, args.layers, args.heads)
+    set_precision(model, args.precision)
+    x, y = data[: args.batch, :-1], data[: args.batch, 1:]
+
+    def loss_fn(model, x, y):
+        return nn.losses.cross_entropy(model(x).astype(mx.float32), y).mean()
+
+    grad = nn.value_and_grad(model, loss_fn)
+    was = mlx_rmsnorm.is_patched()
+    try:
+        mlx_rmsnorm.unpatch()
+        ref = dict(tree_flatten(grad(model, x, y)[1]))
+        mlx_rmsnorm.patch()
+        ours = dict(tree_flatten(grad(model, x, y)[1]))
+    finally:
+        (mlx_rmsnorm.patch if was else mlx_rmsnorm.unpatch)()
+    worst = 0.0
+    for k, r in ref.items():
+        r, o = r.astype(mx.float32), ours[k].astype(mx.float32)
+        scale = mx.abs(r).max().item()
+        if scale > 0:
+            worst = max(worst, mx.abs(o - r).max().item() / scale)
+    return worst
+
+
 def norm_time_per_step(args, use_plugin, reps=10):
     """Seconds of RMSNorm forward + backward in one step: every norm call of
     the model (2 per block over dims, 2 QK-norms per block over the head dim,
@@ -206,10 +245,16 @@ def main():
         step_s = sum(t[skip:]) / len(t[skip:])
         print(f"{name:>18}: {1e3 * step_s:8.2f} ms/step, {tokens / step_s:10.0f} tokens/s, "
               f"RMSNorm fwd+bwd {1e3 * norm_s:6.2f} ms/step = {100 * norm_s / step_s:4.1f}% of the step")
-    tol = 2e-3 if args.precision == "float32" else 3e-2
-    worst = max(abs(x - y) / max(abs(x), 1e-6) for x, y in zip(a, b))
-    ok = worst <= tol and math.isfinite(b[-1]) and b[-1] < b[0]
-    print(f"\nlosses agree within {worst:.1e} (tolerance {tol:.0e}) and decrease: {'yes' if ok else 'NO'}")
+    tol = 1e-4 if args.precision == "float32" else 3e-2
+    grad_diff = first_step_gradients_agree(args, data)
+    first = max(abs(x - y) / abs(x) for x, y in zip(a[:3], b[:3]))
+    final = abs(a[-1] - b[-1]) / abs(a[-1])
+    learns = all(math.isfinite(v) for v in a + b) and a[-1] < a[0] and b[-1] < b[0]
+    ok = grad_diff <= tol and first <= 10 * tol and final <= 0.1 and learns
+    print(f"\nfirst-step gradients agree within {grad_diff:.1e} (tolerance {tol:.0e}); "
+          f"losses: first 3 steps within {first:.1e}, last step within {final:.1e}; "
+          f"both decrease: {'yes' if learns else 'NO'}")
+    print("agreement:", "yes" if ok else "NO")
     return 0 if ok else 1
 
 
