@@ -3,7 +3,7 @@
 # in a run that carries .device (made here by ../shared/tools/device-wheels):
 #
 #   bash scripts/gpu_check.sh [steps...]   steps: build cli tests train transformer
-#                                         bench sanitize
+#                                         bench sanitize memory
 #                                         (default: build cli tests train transformer bench)
 #
 # Installs the carried MLX CUDA wheels, builds the extension against them, then
@@ -22,7 +22,7 @@ step setup
 source .device/setup.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 
-if has build || has tests || has bench || has sanitize; then
+if has build || has tests || has bench || has sanitize || has memory || has train || has transformer; then
   step build
   # (the build log comes back only when the build fails: $OUT holds 8 files)
   python3 -m pip install --no-build-isolation --no-deps -v -e . >/tmp/build.log 2>&1 \
@@ -78,6 +78,12 @@ if has sanitize; then
     compute-sanitizer --tool $tool --print-limit 20 python3 scripts/sanitize_cases.py 2>&1 \
       | tail -4 | sed "s/^/[$tool] /"
   done | tee "$OUT/sanitize.log"
+fi
+
+if has memory; then
+  step memory
+  python3 scripts/memory_check.py --steps 10000 2>&1 | tee "$OUT/memory.log" | tail -6
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
 echo; echo "=== done: status $status"

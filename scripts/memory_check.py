@@ -1,0 +1,56 @@
+"""Memory: many training-style steps (forward + mx.grad through the plugin)
+with the shape changing every step must keep mx.get_active_memory() flat --
+no leak in our outputs, scratch or temporaries.
+
+    python scripts/memory_check.py [--steps 10000]
+"""
+
+import argparse
+import sys
+
+import mlx.core as mx
+import numpy as np
+
+import mlx_rmsnorm
+
+NS = [1, 33, 128, 1000, 2880, 4096, 4099, 8192, 20000]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--steps", type=int, default=10000)
+    p.add_argument("--max-rows", type=int, default=2048)
+    args = p.parse_args()
+    device = mx.gpu if mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels else mx.cpu
+    mx.set_default_device(device)
+    rng = np.random.default_rng(0)
+    weights = {n: mx.ones((n,), mx.float32) for n in NS}
+
+    def loss(x, w):
+        return (mlx_rmsnorm.rms_norm(x, w, 1e-5) ** 2).sum()
+
+    grad = mx.grad(loss, argnums=(0, 1))
+    samples = []
+    for step in range(args.steps):
+        n = NS[step % len(NS)]
+        m = int(rng.integers(1, max(2, args.max_rows * 8192 // (n * 4))))
+        dtype = (mx.bfloat16, mx.float16, mx.float32)[step % 3]
+        x = mx.random.normal((m, n)).astype(dtype)
+        gx, gw = grad(x, weights[n])
+        mx.eval(gx, gw)
+        del x, gx, gw
+        if step % max(1, args.steps // 20) == 0 or step == args.steps - 1:
+            samples.append((step, mx.get_active_memory()))
+    print(f"device {device}: active memory (bytes) every {max(1, args.steps // 20)} steps")
+    for step, mem in samples:
+        print(f"  step {step:6d}: {mem:12d}")
+    # After the first tenth (caches warm), the live set must not grow.
+    steady = [mem for step, mem in samples if step >= args.steps // 10]
+    growth = max(steady) - steady[0]
+    ok = growth <= 1 << 20
+    print(f"growth after warm-up: {growth} bytes ({'flat' if ok else 'GROWING'})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

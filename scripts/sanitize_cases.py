@@ -1,0 +1,50 @@
+"""Small cases for compute-sanitizer (memcheck, racecheck, synccheck,
+initcheck): every launch-plan row and the boundaries between rows, the
+fallbacks (odd N, N past the tables, misaligned inputs), M smaller than the
+grid, every dtype pairing and backward algorithm. Sizes stay small: the tools
+slow kernels down by orders of magnitude.
+
+    compute-sanitizer --tool memcheck python3 scripts/sanitize_cases.py
+"""
+
+import sys
+
+import mlx.core as mx
+
+import mlx_rmsnorm
+
+# Row lengths in elements around each table threshold (bf16: 8 per vector).
+NS = [1, 7, 31, 32, 33, 64, 65, 128, 129, 256, 257, 1000, 1024, 1025, 2048, 2880,
+      4096, 4099, 8192, 8193, 16384, 16392, 40000]
+PAIRS = [(mx.bfloat16, mx.bfloat16), (mx.float16, mx.float16), (mx.float32, mx.float32),
+         (mx.bfloat16, mx.float32), (mx.bfloat16, None)]
+
+
+def main():
+    device = mx.gpu if mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels else mx.cpu
+    count = 0
+    for n in NS:
+        for m in (1, 3, 300):
+            for x_t, w_t in PAIRS:
+                key = mx.random.key(n * 7 + m)
+                kx, kg, kw = mx.random.split(key, 3)
+                x = mx.random.normal((m, n), key=kx).astype(x_t)
+                w = None if w_t is None else mx.random.normal((n,), key=kw).astype(w_t)
+                out_t = x_t if w is None else mx.result_type(x_t, w_t)
+                g = mx.random.normal((m, n), key=kg).astype(out_t)
+                outs = [mlx_rmsnorm.rms_norm(x, w, 1e-5, stream=device)]
+                for algorithm in ("auto", "split", "naive"):
+                    outs += [a for a in mlx_rmsnorm.rms_norm_vjp(x, w, g, 1e-5, algorithm=algorithm,
+                                                                  stream=device) if a is not None]
+                # misaligned rows (offset by one element)
+                xo = mx.concatenate([mx.zeros((1,), x_t), x.reshape(-1)])[1:].reshape(m, n)
+                outs += [a for a in mlx_rmsnorm.rms_norm_vjp(xo, w, g, 1e-5, stream=device) if a is not None]
+                mx.eval(outs)
+                count += 1
+    print(f"sanitize cases: {count} shape/dtype cases on {device}, "
+          "forward + 3 backward algorithms + misaligned backward each")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
