@@ -102,7 +102,7 @@ def _inputs(m, n, dtype, n_sets):
 
 
 def run_case(m, n, dtype, calls, repeats, device):
-    size = mx.finfo(dtype).bits // 8 if hasattr(mx, "finfo") else 2
+    size = dtype.size
     tensor = m * n * size
     n_sets = max(2, min(8, -(-L2_BYTES // (2 * tensor)) + 1))
     sets, w = _inputs(m, n, dtype, n_sets)

@@ -1,5 +1,8 @@
 """Shared fixtures: the devices to test on and a float64 NumPy reference."""
 
+import os
+import tempfile
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -98,3 +101,13 @@ def ulp_errors(out, ref, dtype) -> float:
     mag = np.maximum(np.abs(ref), np.max(np.abs(ref)) * 1e-3)  # no ulp of ~0
     ulp = 2.0 ** (np.floor(np.log2(mag)) - _MANTISSA[dtype])
     return float(np.max(np.abs(out - ref) / ulp))
+
+
+def graph_text(out: mx.array) -> str:
+    """The DOT text of the graph that computes `out`: primitive names show
+    which implementation a computation will run (e.g. RMSNormPlugin)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "graph.dot")
+        mx.export_to_dot(path, out)
+        with open(path) as f:
+            return f.read()
