@@ -16,7 +16,8 @@ template <typename X, typename G, std::size_t... I>
 const void* persistent_kernel(int row, std::index_sequence<I...>) {
   static const void* const kernels[] = {reinterpret_cast<const void*>(
       &bwd_persistent<X, G, kBackward[I].block, kBackward[I].group,
-                      kBackward[I].chunks, kBackward[I].stages>)...};
+                      kBackward[I].chunks, kBackward[I].stages,
+                      kBackward[I].bulk>)...};
   return kernels[row];
 }
 

@@ -13,15 +13,24 @@
 namespace rmsnorm {
 
 // Persistent kernel (the seed's design). The grid is sized by the machine;
-// block b walks rows b*ROWS, b*ROWS + gridDim*ROWS, ... STAGES-1 rows ahead
-// of the compute, x and g land in shared memory through asynchronous copies,
-// so loads stay in flight although only a few blocks are resident.
-// gw stays in fp32 registers for the whole walk and is written once per
-// block: partials is gridDim.x x n, summed afterwards by colsum.
-template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES>
+// block b walks row steps b, b + gridDim, ... (ROWS consecutive rows a step),
+// STAGES-1 steps ahead of the compute: x and g land in shared memory through
+// asynchronous copies, so loads stay in flight although only a few blocks are
+// resident. gw stays in fp32 registers for the whole walk and is written once
+// per block: partials is gridDim.x x n, summed afterwards by colsum.
+//
+// BULK picks how a step's rows travel. false: every thread copies (cp.async,
+// 16 bytes) exactly the vectors it later reads, so no barrier guards a stage.
+// true: one thread hands the whole step (ROWS x n of x, then of g: two
+// contiguous ranges) to the bulk copy engine, which frees the other threads'
+// issue slots; a stage is refilled only after the block barrier that follows
+// the last read of it, and completion is signalled on one mbarrier per stage.
+template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
+          bool BULK>
 __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ROWS = BLOCK / GROUP;
+  static_assert(!BULK || STAGES >= 2, "the bulk pipeline refills mid-step");
   using XV = Vec<X, VEC>;
   using GV = Vec<G, VEC>;
   const int n = a.n;
@@ -29,18 +38,71 @@ __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
   const int lane = threadIdx.x % GROUP;
   const int r = threadIdx.x / GROUP;
 
-  // Stage s, row r: nvec x-vectors then nvec g-vectors. Each thread copies
-  // exactly the vectors it later reads, so no barrier is needed between the
-  // copy and the compute, nor before a stage is overwritten.
-  extern __shared__ __align__(16) unsigned char smem[];
+  // Stage s: ROWS rows of x (nvec vectors each), then ROWS rows of g.
+  extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float2 red[32];
-  auto stage_x = [&](int s) {
-    return reinterpret_cast<XV*>(smem + (size_t)(s * ROWS + r) * nvec *
-                                            (sizeof(XV) + sizeof(GV)));
+  __shared__ unsigned long long landed[STAGES];  // BULK: one mbarrier a stage
+  const size_t stage_bytes = (size_t)ROWS * nvec * (sizeof(XV) + sizeof(GV));
+  auto stage_x = [&](int s, int row) {
+    return reinterpret_cast<XV*>(smem + s * stage_bytes) + (size_t)row * nvec;
   };
-  auto stage_g = [&](int s) {
-    return reinterpret_cast<GV*>(stage_x(s) + nvec);
+  auto stage_g = [&](int s, int row) {
+    return reinterpret_cast<GV*>(smem + s * stage_bytes +
+                                 (size_t)ROWS * nvec * sizeof(XV)) +
+           (size_t)row * nvec;
   };
+
+  const int64_t stride = (int64_t)gridDim.x * ROWS;
+  const int64_t block_row = (int64_t)blockIdx.x * ROWS;
+  const int64_t steps =
+      block_row < a.rows ? (a.rows - block_row + stride - 1) / stride : 0;
+  const X* x = static_cast<const X*>(a.x);
+  const G* g = static_cast<const G*>(a.g);
+  X* gx = static_cast<X*>(a.gx);
+
+  // Starts the copies of step `step` into its stage (step < steps).
+  auto prefetch = [&](int64_t step) {
+    const int s = step % STAGES;
+    const int64_t first = block_row + step * stride;
+    if constexpr (BULK) {
+      if (threadIdx.x != 0) return;
+      const int64_t count = min((int64_t)ROWS, a.rows - first);
+      const unsigned bytes_x = count * n * sizeof(X);
+      const unsigned bytes_g = count * n * sizeof(G);
+      bulk_expect(&landed[s], bytes_x + bytes_g);
+      bulk_copy(stage_x(s, 0), x + first * n, bytes_x, &landed[s]);
+      bulk_copy(stage_g(s, 0), g + first * n, bytes_g, &landed[s]);
+    } else {
+      const int64_t row = first + r;
+      if (row >= a.rows) return;
+      const XV* xr = reinterpret_cast<const XV*>(x + row * n);
+      const GV* gr = reinterpret_cast<const GV*>(g + row * n);
+#pragma unroll
+      for (int j = 0; j < CHUNKS; ++j) {
+        int v = j * GROUP + lane;
+        if (v < nvec) {
+          copy_async(&stage_x(s, r)[v], &xr[v]);
+          copy_async(&stage_g(s, r)[v], &gr[v]);
+        }
+      }
+    }
+  };
+
+  if constexpr (BULK) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < STAGES; ++s) mbarrier_init(&landed[s]);
+    }
+    __syncthreads();
+  }
+  // The first rows go out before anything else: the weight loads below then
+  // overlap with them. Per-thread copies: one commit group per step, empty
+  // past the end, so that waiting for all but the newest STAGES-1 groups
+  // always means "step t has landed".
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < steps) prefetch(s);
+    if constexpr (!BULK) __pipeline_commit();
+  }
 
   float w[CHUNKS][VEC];
   float acc[CHUNKS][VEC];
@@ -55,48 +117,21 @@ __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
     }
   }
 
-  const int64_t stride = (int64_t)gridDim.x * ROWS;
-  const int64_t block_row = (int64_t)blockIdx.x * ROWS;
-  const int64_t steps =
-      block_row < a.rows ? (a.rows - block_row + stride - 1) / stride : 0;
-  const X* x = static_cast<const X*>(a.x);
-  const G* g = static_cast<const G*>(a.g);
-  X* gx = static_cast<X*>(a.gx);
-
-  auto prefetch = [&](int64_t step) {
-    int64_t row = block_row + r + step * stride;
-    if (row >= a.rows) return;
-    const XV* xr = reinterpret_cast<const XV*>(x + row * n);
-    const GV* gr = reinterpret_cast<const GV*>(g + row * n);
-    XV* sx = stage_x(step % STAGES);
-    GV* sg = stage_g(step % STAGES);
-#pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) {
-      int v = j * GROUP + lane;
-      if (v < nvec) {
-        copy_async(&sx[v], &xr[v]);
-        copy_async(&sg[v], &gr[v]);
-      }
-    }
-  };
-
-  // One commit group per row, empty past the end, so that waiting for all
-  // but the newest STAGES-1 groups always means "row t has landed".
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < steps) prefetch(s);
-    __pipeline_commit();
-  }
   for (int64_t t = 0; t < steps; ++t) {
-    // Refills the stage computed on at t-1: the same thread read it then.
-    if (t + STAGES - 1 < steps) prefetch(t + STAGES - 1);
-    __pipeline_commit();
-    __pipeline_wait_prior(STAGES - 1);
+    const int s = t % STAGES;
+    if constexpr (BULK) {
+      mbarrier_wait(&landed[s], (t / STAGES) & 1);
+    } else {
+      // Refills the stage computed on at t-1: the same thread read it then.
+      if (t + STAGES - 1 < steps) prefetch(t + STAGES - 1);
+      __pipeline_commit();
+      __pipeline_wait_prior(STAGES - 1);
+    }
 
     const int64_t row = block_row + r + t * stride;
     const bool valid = row < a.rows;  // uniform when ROWS == 1
-    const XV* sx = stage_x(t % STAGES);
-    const GV* sg = stage_g(t % STAGES);
+    const XV* sx = stage_x(s, r);
+    const GV* sg = stage_g(s, r);
 
     float2 sums = make_float2(0.f, 0.f);  // (sum x^2, sum g*w*x)
 #pragma unroll
@@ -114,6 +149,12 @@ __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
       }
     }
     sums = group_sum<GROUP, BLOCK>(sums, red);
+    if constexpr (BULK) {
+      // Every thread is past its reads of step t-1 (the barrier in group_sum,
+      // or this one when a row lives inside a warp): its stage can refill.
+      if constexpr (GROUP <= 32) __syncthreads();
+      if (t + STAGES - 1 < steps) prefetch(t + STAGES - 1);
+    }
     const float rstd = rsqrtf(sums.x / n + a.eps);
     const float c = sums.y / n * rstd * rstd * rstd;
 
@@ -138,7 +179,7 @@ __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
       }
     }
   }
-  __pipeline_wait_prior(0);
+  if constexpr (!BULK) __pipeline_wait_prior(0);
   if (a.w == nullptr) return;
 
   float* out = a.partials + (int64_t)blockIdx.x * n;

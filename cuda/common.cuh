@@ -98,6 +98,52 @@ __device__ __forceinline__ void copy_async(Vec<T, VEC>* dst,
   }
 }
 
+// The bulk copy engine (sm_90): one thread moves a whole contiguous range
+// global -> shared, and completion is counted in bytes on an mbarrier that
+// the consumers wait on. Ranges are multiples of 16 bytes, 16-byte aligned.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbarrier_init(unsigned long long* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar))
+               : "memory");
+  // Make the initialised barrier visible to the copy engine (async proxy).
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Arms `bar` for `bytes` of incoming copies and starts one copy into `dst`.
+__device__ __forceinline__ void bulk_expect(unsigned long long* bar,
+                                            unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                   smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src,
+                                          unsigned bytes,
+                                          unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+      "[%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// Waits until phase `parity` of `bar` has completed.
+__device__ __forceinline__ void mbarrier_wait(unsigned long long* bar,
+                                              unsigned parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
 // Sum of a float2 over GROUP consecutive threads; every thread of the group
 // gets the total. GROUP <= 32 stays inside a warp (shuffles only); a larger
 // GROUP must be the whole block and goes through `smem` (one float2 per warp).
@@ -127,20 +173,5 @@ __device__ __forceinline__ float2 group_sum(float2 v, float2* smem) {
   }
   return v;
 }
-
-template <typename T>
-struct Pack {};  // maps a dtype tag to its storage type
-template <>
-struct Pack<float> {
-  static constexpr DType tag = DType::F32;
-};
-template <>
-struct Pack<__half> {
-  static constexpr DType tag = DType::F16;
-};
-template <>
-struct Pack<__nv_bfloat16> {
-  static constexpr DType tag = DType::BF16;
-};
 
 }  // namespace rmsnorm

@@ -12,8 +12,10 @@
 //           group == block puts one row in a block (mid N).
 //   chunks: 16-byte vectors each thread holds per row (registers), so one
 //           row is group * chunks vectors long at most.
-//   stages: (backward) rows of x and g in shared memory per row lane: one
-//           being computed on, stages - 1 in flight.
+//   stages: (backward) steps of x and g in shared memory: one being
+//           computed on, stages - 1 in flight.
+//   bulk:   (backward) a step's rows arrive through the bulk copy engine
+//           (one thread issues them) instead of per-thread 16-byte copies.
 #pragma once
 
 namespace rmsnorm::plans {
@@ -23,7 +25,8 @@ struct RowPlan {
   int block;
   int group;
   int chunks;
-  int stages = 1;  // shared-memory stages of x and g (backward only)
+  int stages = 1;     // shared-memory stages of x and g (backward only)
+  bool bulk = false;  // (backward) whole steps through the bulk copy engine
 };
 
 // Backward, persistent kernel (x and g staged in shared memory, gw partial in

@@ -60,6 +60,16 @@ struct BwdArgs {
   int partial_rows;  // rows of `partials` that the gw column sum adds up
 };
 
+// out = x + g elementwise (dtype t): the copy-bandwidth ceiling of the
+// benchmarks, the same traffic as the backward (two reads, one write).
+struct CopyArgs {
+  const void* x;
+  const void* g;
+  void* out;
+  int64_t count;
+  DType dtype;
+};
+
 struct KernelCall {
   const void* host_fn;  // the kernel's host stub, for cudaLaunchKernel
   cudaFunction_t fn;    // driver handle: MLX's encoder needs a CUfunction
@@ -82,6 +92,7 @@ int vector_width(DType t, int n, std::initializer_list<const void*> ptrs);
 
 Plan plan_forward(const FwdArgs& a);
 Plan plan_backward(const BwdArgs& a, Algorithm algorithm);
+Plan plan_copy(const CopyArgs& a);  // pointers must be 16-byte aligned
 
 // Fill the scratch pointers of `a` from a base pointer of plan.scratch_bytes.
 void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch);

@@ -2,8 +2,8 @@
 # The whole GPU check in one device run. From the repo root, on the GPU machine,
 # in a run that carries .device (made here by ../shared/tools/device-wheels):
 #
-#   bash scripts/gpu_check.sh [steps...]   steps: build cli tests train transformer
-#                                         bench sanitize memory
+#   bash scripts/gpu_check.sh [steps...]   steps: build cli tune profile tests train
+#                                         transformer bench sanitize memory
 #                                         (default: build cli tests train transformer bench)
 #
 # Installs the carried MLX CUDA wheels, builds the extension against them, then
@@ -31,13 +31,40 @@ if has build || has tests || has bench || has sanitize || has memory || has trai
   python3 -c "import mlx_rmsnorm as m; assert m.has_cuda_kernels, 'built without kernels'; print('extension OK, CUDA kernels built')" || exit 1
 fi
 
-if has cli; then
-  step cli
+if has cli || has tune || has profile; then
+  step "standalone build (cuda/, no MLX)"
   cmake -S cuda -B build/cuda -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build/cuda >/dev/null \
     || { echo "CLI build failed"; status=1; }
+fi
+
+if has cli; then
+  step cli
   for shape in "8192 16384" "128 262144" "2880 16384"; do
     ./build/cuda/rmsnorm_backward $shape 30 || status=1
   done 2>&1 | tee "$OUT/cli.log"
+fi
+
+if has tune; then
+  step tune
+  ./build/cuda/tune_backward 30 2>&1 | tee "$OUT/tune.log" || status=1
+fi
+
+if has profile; then
+  step profile
+  # Nsight Compute on the persistent backward (the table's plan) at the
+  # benchmark shapes, and on the built-in's kernels for comparison.
+  sections="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis"
+  for shape in "8192 16384" "8192 4096" "4096 16384" "2048 32768" "128 262144" "2880 16384" "16384 8192"; do
+    echo "##### rmsnorm_backward $shape"
+    ncu --clock-control none $sections -k regex:bwd_persistent --launch-skip 1 --launch-count 1 \
+      ./build/cuda/rmsnorm_backward $shape 2 2>&1 | grep -v "^==PROF==" | grep -vi "^  *-\+ *$"
+  done >"$OUT/profile.log" 2>&1
+  if python3 -c "import mlx.core" 2>/dev/null; then
+    echo "##### mx.fast.rms_norm VJP 16384x8192" >>"$OUT/profile.log"
+    ncu --clock-control none $sections -k regex:rms_norm --launch-skip 1 --launch-count 1 \
+      python3 scripts/builtin_vjp.py 16384 8192 >>"$OUT/profile.log" 2>&1
+  fi
+  grep -E "^#####|bwd_persistent|rms_norm|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Block Limit|Memory Throughput" "$OUT/profile.log" | head -150
 fi
 
 if has tests; then

@@ -1,0 +1,231 @@
+// Tuning bench for the persistent backward's launch plans, without MLX:
+//
+//   tune_backward [iters]
+//
+// For each benchmark shape (bf16) it times every candidate configuration
+// below that fits the row, next to our copy ceiling (bandwidth.cuh: the same
+// bytes, two reads and one write), and checks each candidate's gx and gw
+// against the first one. The persistent kernel alone is timed (CUDA events,
+// median), so the table shows what a plan entry is worth; plans.h takes the
+// winners. Grids are sized as the planner sizes them (SMs x resident blocks).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+#include <vector>
+
+#include "backward.cuh"
+#include "bandwidth.cuh"
+#include "colsum.cuh"
+#include "plans.h"
+
+#define CHECK(call)                                                      \
+  do {                                                                   \
+    cudaError_t err_ = (call);                                           \
+    if (err_ != cudaSuccess) {                                           \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,  \
+                   cudaGetErrorString(err_));                            \
+      std::exit(1);                                                      \
+    }                                                                    \
+  } while (0)
+
+namespace {
+
+using rmsnorm::plans::RowPlan;
+using X = __nv_bfloat16;
+
+// Candidates: {max_nvec, block, group, chunks, stages, bulk}. The first entry
+// for a row length is the reference the others are checked against.
+constexpr RowPlan kCandidates[] = {
+    // N = 128 (16 vectors)
+    {16, 256, 16, 1, 2, false}, {16, 256, 16, 1, 3, false},
+    {16, 256, 16, 1, 2, true},  {16, 256, 16, 1, 3, true},
+    {16, 512, 16, 1, 3, true},  {16, 128, 16, 1, 4, true},
+    // N = 1024 (128)
+    {128, 256, 32, 4, 2, false}, {128, 256, 32, 4, 3, false},
+    {128, 256, 32, 4, 2, true},  {128, 256, 32, 4, 3, true},
+    {128, 128, 128, 1, 3, true}, {128, 128, 32, 4, 3, true},
+    // N = 2048 (256)
+    {256, 256, 256, 1, 2, false}, {256, 256, 256, 1, 3, false},
+    {256, 256, 256, 1, 3, true},  {256, 128, 128, 2, 3, true},
+    {256, 256, 256, 1, 4, true},
+    // N = 2880 (360) and 4096 (512)
+    {512, 256, 256, 2, 2, false}, {512, 256, 256, 2, 3, false},
+    {512, 256, 256, 2, 3, true},  {512, 128, 128, 4, 3, true},
+    {512, 512, 512, 1, 3, true},  {384, 192, 192, 2, 2, false},
+    {384, 192, 192, 2, 3, true},  {384, 384, 384, 1, 3, true},
+    // N = 8192 (1024)
+    {1024, 256, 256, 4, 2, false}, {1024, 256, 256, 4, 3, false},
+    {1024, 256, 256, 4, 2, true},  {1024, 256, 256, 4, 3, true},
+    {1024, 128, 128, 8, 3, true},  {1024, 512, 512, 2, 3, true},
+    {1024, 1024, 1024, 1, 2, true},
+    // N = 16384 (2048)
+    {2048, 512, 512, 4, 2, false}, {2048, 512, 512, 4, 2, true},
+    {2048, 512, 512, 4, 3, true},  {2048, 1024, 1024, 2, 2, true},
+    {2048, 256, 256, 8, 2, true},
+};
+constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
+
+template <std::size_t... I>
+const void* kernel_of(int i, std::index_sequence<I...>) {
+  static const void* const kernels[] = {reinterpret_cast<const void*>(
+      &rmsnorm::bwd_persistent<X, X, kCandidates[I].block, kCandidates[I].group,
+                               kCandidates[I].chunks, kCandidates[I].stages,
+                               kCandidates[I].bulk>)...};
+  return kernels[i];
+}
+
+__global__ void fill(X* p, int64_t count, unsigned seed) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = __float2bfloat16(((h & 0xffff) / 32768.f) - 1.f);
+  }
+}
+
+template <typename Launch>
+double median_us(int iters, Launch launch) {
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  launch();
+  CHECK(cudaDeviceSynchronize());
+  std::vector<float> times;
+  for (int i = 0; i < iters; ++i) {
+    CHECK(cudaEventRecord(start));
+    launch();
+    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms * 1000.f);
+  }
+  CHECK(cudaGetLastError());
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+std::vector<float> host(const void* p, size_t count, bool f32) {
+  std::vector<float> out(count);
+  if (f32) {
+    CHECK(cudaMemcpy(out.data(), p, count * 4, cudaMemcpyDeviceToHost));
+  } else {
+    std::vector<X> h(count);
+    CHECK(cudaMemcpy(h.data(), p, count * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < count; ++i) out[i] = __bfloat162float(h[i]);
+  }
+  return out;
+}
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, (double)std::fabs(a[i] - b[i]));
+    den = std::max(den, (double)std::fabs(b[i]));
+  }
+  return den > 0 ? num / den : num;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 30;
+  const std::pair<int64_t, int> shapes[] = {
+      {262144, 128}, {65536, 1024}, {32768, 2048}, {16384, 2880},
+      {16384, 4096}, {16384, 8192}, {4096, 8192},  {8192, 16384}};
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  std::printf("%-12s %-26s %5s %5s %9s %7s %7s %s\n", "shape", "candidate", "grid",
+              "occ", "us", "GB/s", "% ceil", "check vs first");
+  int status = 0;
+  for (auto [m, n] : shapes) {
+    const size_t count = size_t(m) * n;
+    X *x, *g, *w, *gx, *out;
+    float *partials, *gw;
+    CHECK(cudaMalloc(&x, count * 2));
+    CHECK(cudaMalloc(&g, count * 2));
+    CHECK(cudaMalloc(&gx, count * 2));
+    CHECK(cudaMalloc(&out, count * 2));
+    CHECK(cudaMalloc(&w, n * 2));
+    CHECK(cudaMalloc(&gw, n * 4));
+    CHECK(cudaMalloc(&partials, size_t(sms) * 32 * n * 4));
+    fill<<<1024, 256>>>(x, count, 1);
+    fill<<<1024, 256>>>(g, count, 2);
+    fill<<<64, 256>>>(w, n, 3);
+
+    rmsnorm::CopyArgs c{x, g, out, int64_t(count), rmsnorm::DType::BF16};
+    rmsnorm::Plan copy = rmsnorm::plan_copy(c);
+    const double ceil_us = median_us(iters, [&] { CHECK(rmsnorm::launch(copy, &c, sizeof(c), 0)); });
+    const double bytes = 3.0 * count * 2;
+    char label[64];
+    std::snprintf(label, sizeof label, "%lldx%d", (long long)m, n);
+    std::printf("%-12s %-26s %5s %5s %9.1f %7.0f %7s\n", label, "copy ceiling (x+g)", "", "",
+                ceil_us, bytes / ceil_us / 1e3, "100");
+
+    const int nvec = n / 8;
+    std::vector<float> ref_gx, ref_gw;
+    for (int i = 0; i < kCount; ++i) {
+      const RowPlan& p = kCandidates[i];
+      // Candidates for this row: the ones whose row capacity covers it
+      // without doubling it (2880 bf16 = 360 vectors tries 384 and 512).
+      if (p.max_nvec < nvec || p.max_nvec >= 2 * nvec) continue;
+      const void* fn = kernel_of(i, std::make_index_sequence<kCount>{});
+      const int rows_per_step = p.block / p.group;
+      const size_t smem = size_t(p.stages) * rows_per_step * nvec * 32;
+      if (smem > 48 * 1024)
+        CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+      int occ = 0;
+      CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, p.block, smem));
+      if (occ == 0) {
+        std::printf("%-12s {%d,%d,%d,%d,%s} does not fit\n", "", p.block, p.group, p.chunks,
+                    p.stages, p.bulk ? "bulk" : "async");
+        continue;
+      }
+      const int64_t grid = std::min<int64_t>(int64_t(sms) * occ, (m + rows_per_step - 1) / rows_per_step);
+      rmsnorm::BwdArgs a{};
+      a.x = x; a.w = w; a.g = g; a.gx = gx; a.gw = gw;
+      a.partials = partials;
+      a.rows = m; a.n = n; a.eps = 1e-5f;
+      a.x_dtype = a.w_dtype = a.g_dtype = rmsnorm::DType::BF16;
+      a.partial_rows = int(grid);
+      void* params[] = {&a};
+      auto run = [&] {
+        CHECK(cudaLaunchKernel(fn, dim3(grid), dim3(p.block), params, smem, 0));
+      };
+      const double us = median_us(iters, run);
+      CHECK(cudaMemset(gx, 0xff, count * 2));
+      run();
+      rmsnorm::colsum<float, true><<<dim3((n + 31) / 32, 1), dim3(32, 8)>>>(a);
+      CHECK(cudaDeviceSynchronize());
+      auto hx = host(gx, count, false);
+      auto hw = host(gw, n, false);
+      char name[48];
+      std::snprintf(name, sizeof name, "{%d,%d,%d,%d,%s}", p.block, p.group, p.chunks,
+                    p.stages, p.bulk ? "bulk" : "async");
+      char check[48] = "reference";
+      if (ref_gx.empty()) {
+        ref_gx = hx;
+        ref_gw = hw;
+      } else {
+        double dx = max_rel(hx, ref_gx), dw = max_rel(hw, ref_gw);
+        bool ok = dx <= 1e-2 && dw <= 1e-2;
+        std::snprintf(check, sizeof check, "gx %.1e gw %.1e %s", dx, dw, ok ? "ok" : "DIFFER");
+        if (!ok) status = 1;
+      }
+      std::printf("%-12s %-26s %5lld %5d %9.1f %7.0f %7.1f %s\n", "", name, (long long)grid, occ,
+                  us, bytes / us / 1e3, 100.0 * ceil_us / us, check);
+    }
+    for (void* p : {(void*)x, (void*)g, (void*)gx, (void*)out, (void*)w, (void*)gw, (void*)partials})
+      CHECK(cudaFree(p));
+    std::fflush(stdout);
+  }
+  return status;
+}
