@@ -25,8 +25,8 @@ inline void check(cudaError_t err, const char* what) {
 int sm_count();
 
 // Resident blocks per SM for a kernel, block size and dynamic shared memory.
-// Raises the kernel's dynamic shared-memory limit first when it is above the
-// 48 KiB default (once per kernel). Cached.
+// Raises the kernel's dynamic shared-memory limit to `smem` first (once per
+// kernel and size). Cached.
 int blocks_per_sm(const void* host_fn, int block, unsigned smem);
 
 // A call record with the driver handle resolved (cached per kernel).

@@ -97,7 +97,9 @@ int blocks_per_sm(const void* host_fn, int block, unsigned smem) {
         "cudaDeviceGetAttribute(shared memory)");
   int blocks = 0;
   if (smem <= static_cast<unsigned>(limit)) {
-    if (smem > 48 * 1024) {
+    // Raised whenever there is dynamic shared memory: the 48 KiB default
+    // counts static shared memory too, so a 48 KiB stage would not fit.
+    if (smem > 0) {
       check(cudaFuncSetAttribute(host_fn,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  static_cast<int>(smem)),
@@ -127,7 +129,8 @@ KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
       fn = it->second;
     }
   }
-  if (smem > 48 * 1024) blocks_per_sm(host_fn, block.x * block.y, smem);
+  // Sets the kernel's dynamic shared-memory limit before any launch.
+  if (smem > 0) blocks_per_sm(host_fn, block.x * block.y, smem);
   return KernelCall{host_fn, fn, grid, block, smem, name};
 }
 

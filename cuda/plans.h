@@ -32,26 +32,33 @@ struct RowPlan {
 // Backward, persistent kernel (x and g staged in shared memory, gw partial in
 // fp32 registers). Register budget: per thread 2 * chunks * VEC floats (w and
 // the gw partial) stay live across the whole row loop, so chunks grows with
-// the block only up to 4 (64 live floats for bf16) before spilling.
-// Stages: 2 is the seed's double buffer, one row per block in flight. A
-// third stage (twice the bytes in flight) measured no faster on the H200
-// (standalone CLI, bf16, us: 16384x8192 237.6 vs 238.9 with 2; 262144x128
-// 63.9 vs 62.7; 16384x2880 86.4 vs 84.6), so the table keeps 2 and the
-// smaller shared-memory footprint. Shared memory per block is stages *
-// rows/step * N * (sizeof x + sizeof g), which is what ends the table: at
-// N = 16384 bf16 two stages take 128 KiB (one block per SM); beyond it the
-// split plan takes over.
+// the block only up to 4 (64 live floats for bf16, ~100 registers) before
+// spilling. Shared memory per block is stages * rows/step * N * (sizeof x +
+// sizeof g): at N = 16384 bf16 two stages take 128 KiB (one block per SM);
+// beyond it the split plan takes over.
+//
+// Entries are chosen with cuda/cli/tune_backward (H200, bf16, kernel alone,
+// CUDA events, % of our copy ceiling at the benchmark shapes; docs/NOTES.md
+// has the tables):
+// - Two stages everywhere: a third (more bytes in flight, fewer resident
+//   blocks) lost 1-6% at every shape tried, ncu shows DRAM already 75-80%
+//   busy with two.
+// - Bulk copies (one thread per step, the copy engine moves the rows) where
+//   they win: 16384x8192 222 vs 236 us, 8192x16384 220 vs 235, 65536x1024
+//   114 vs 122. Per-thread cp.async copies cost each thread two
+//   instructions and an address per 16 bytes; at large N that issue work
+//   competes with the math. At N <= 128 the two tie (59 us at 262144x128).
 inline constexpr RowPlan kBackward[] = {
-    {4, 128, 4, 1, 2},       // N <= 32 bf16: 32 rows per step, 4 lanes per row
-    {8, 128, 8, 1, 2},       // N <= 64
-    {16, 256, 16, 1, 2},     // N <= 128: 16 rows per step (QK-norm head dims)
-    {32, 256, 32, 1, 2},     // N <= 256: a warp per row
-    {64, 256, 32, 2, 2},     // N <= 512
-    {128, 256, 32, 4, 2},    // N <= 1024: still a warp per row, no block barrier
-    {256, 256, 256, 1, 2},   // N <= 2048: a block per row from here on
-    {512, 256, 256, 2, 2},   // N <= 4096
-    {1024, 256, 256, 4, 2},  // N <= 8192: the seed's shape
-    {2048, 512, 512, 4, 2},  // N <= 16384
+    {4, 128, 4, 1, 2},             // N <= 32 bf16: 32 rows a step, 4 lanes a row
+    {8, 128, 8, 1, 2},             // N <= 64
+    {16, 256, 16, 1, 2},           // N <= 128: 16 rows a step (QK-norm head dims)
+    {32, 256, 32, 1, 2},           // N <= 256: a warp per row
+    {64, 256, 32, 2, 2},           // N <= 512
+    {128, 256, 32, 4, 2, true},    // N <= 1024: still a warp per row, 8 rows a step
+    {256, 256, 256, 1, 2},         // N <= 2048: a block per row from here on
+    {512, 256, 256, 2, 2},         // N <= 4096
+    {1024, 256, 256, 4, 2, true},  // N <= 8192: the seed's shape
+    {2048, 512, 512, 4, 2, true},  // N <= 16384
 };
 
 // Forward kernel (row in registers, w in fp32 registers, grid-stride over

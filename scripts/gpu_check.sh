@@ -73,8 +73,11 @@ if has tests; then
   # pytest-xdist (on the GPU machine's image) spreads the float64 references
   # over the CPU cores; the GPU work itself is small.
   xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+  # The bigmem tests (tens of GB each) run afterwards, alone on the GPU.
   MLX_RMSNORM_HYPOTHESIS_PROFILE=gpu \
-    python3 -m pytest -q -p no:cacheprovider -rfE $xdist tests 2>&1 | tee "$OUT/tests.log" | tail -40
+    python3 -m pytest -q -p no:cacheprovider -rfE $xdist -m "not bigmem" tests 2>&1 | tee "$OUT/tests.log" | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  python3 -m pytest -q -p no:cacheprovider -rfE -m bigmem tests 2>&1 | tee -a "$OUT/tests.log" | tail -8
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 

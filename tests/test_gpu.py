@@ -138,3 +138,47 @@ def test_matches_builtin_and_is_more_accurate(m, n):
     assert rel_err(gx, np.array(bgx.astype(mx.float32), dtype=np.float64)) <= tol
     assert rel_err(gw, np.array(bgw.astype(mx.float32), dtype=np.float64)) <= 5 * tol
     assert rel_err(gw, ref_gw) <= max(rel_err(bgw, ref_gw), ONE_ROUNDING[mx.bfloat16])
+
+
+@pytest.mark.bigmem
+@pytest.mark.parametrize("n", [8192, 32768], ids=["persistent", "split"])
+def test_more_than_2_31_elements(n):
+    """M * N above 2^31: every offset past the int32 range must be right. The
+    rows repeat a block of 64 random rows, so the float64 reference of the
+    whole problem comes from that block (gw: 64 rows' sums times the repeats)
+    and the rows past 2^31 elements are compared one by one."""
+    block, repeats = 64, (2**31 // n) // 64 + 1
+    m = block * repeats
+    assert m * n > 2**31
+    xs = random((block, n), mx.bfloat16, 30)
+    gs = random((block, n), mx.bfloat16, 31)
+    w = random((n,), mx.bfloat16, 32, 0.5, 1.0)
+    x = mx.tile(xs, (repeats, 1))
+    g = mx.tile(gs, (repeats, 1))
+    y, gx, gw = run(x, w, g)
+    ref_gx, ref_gw_block = ref_backward(xs, w, gs, 1e-5)
+    ref_y = ref_forward(xs, w, 1e-5)
+    for rows in (slice(0, block), slice(m - block, m)):  # first and last block
+        assert rel_err(y[rows], ref_y) <= TOL[mx.bfloat16]
+        assert rel_err(gx[rows], ref_gx, gx_scale(xs, w, gs, 1e-5)) <= TOL[mx.bfloat16]
+    assert rel_err(gw, ref_gw_block * repeats) <= ONE_ROUNDING[mx.bfloat16]
+    del x, g, y, gx, gw
+
+
+@pytest.mark.bigmem
+def test_unsatisfiable_allocation_raises():
+    """An output that cannot fit in GPU memory is a Python error, not a hang
+    or a crash, and the plugin keeps working afterwards. x (bf16) takes ~40%
+    of the card and y (float32, from the float32 weight) would need ~80%."""
+    total = mx.device_info().get("memory_size", 140 * 2**30)
+    n = 16384
+    m = int(total * 0.4) // (2 * n)
+    x = mx.zeros((m, n), mx.bfloat16)
+    mx.eval(x)
+    w = mx.ones((n,), mx.float32)
+    with pytest.raises(RuntimeError, match="allocat"):
+        mx.eval(mlx_rmsnorm.rms_norm(x, w, 1e-5, stream=mx.gpu))
+    del x
+    mx.clear_cache()
+    x = random((4, 64), mx.float32, 33)
+    assert rel_err(mlx_rmsnorm.rms_norm(x, None, 1e-5, stream=mx.gpu), ref_forward(x, None, 1e-5)) <= TOL[mx.float32]

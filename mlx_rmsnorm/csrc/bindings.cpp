@@ -6,6 +6,7 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include "device_memory.h"
 #include "rms_norm.h"
 #include "rms_norm_vjp.h"
 
@@ -71,4 +72,18 @@ NB_MODULE(_ext, m) {
             tuple(array, array or None): ``(gx, gw)``; ``gw`` is ``None``
             without a weight.
         )");
+
+  m.def(
+      "device_memory",
+      [](int device) {
+        auto st = mlx_rmsnorm::pool_stats(device);
+        return std::make_pair(st.in_use, st.reserved);
+      },
+      "device"_a = 0,
+      R"(Bytes of the plugin's own GPU memory pool on ``device``:
+        ``(in_use, reserved)``. Our outputs and scratch come from this pool,
+        which ``mx.get_active_memory()`` does not count. ``(0, 0)`` on a
+        build without CUDA kernels or before the first GPU call.)");
+  m.def("trim_device_memory", &mlx_rmsnorm::trim_pool, "device"_a = 0,
+        "Returns the unused part of the plugin's GPU memory pool to the driver.");
 }

@@ -7,7 +7,7 @@
 
 #include <cuda.h>
 
-#include "mlx/allocator.h"
+#include "device_memory.h"
 #include "mlx/backend/cuda/device.h"
 #include "rmsnorm.h"  // cuda/: the kernels' launch interface
 
@@ -34,8 +34,10 @@ const void* ptr(const mx::array& a) { return mx::gpu_ptr<void>(a); }
 void* ptr(mx::array& a) { return mx::gpu_ptr<void>(a); }
 
 // Output memory: reuse a donatable input of the same size and dtype (every
-// kernel of ours reads a row element before it writes it), else allocate.
-void allocate(mx::array& out, std::initializer_list<const mx::array*> donors) {
+// kernel of ours reads a row element before it writes it), else allocate
+// (device_memory.h says from where).
+void allocate(mx::array& out, const mx::Stream& s,
+              std::initializer_list<const mx::array*> donors = {}) {
   for (const mx::array* d : donors) {
     if (d && d->is_donatable() && d->dtype() == out.dtype() &&
         d->flags().row_contiguous && d->size() == out.size()) {
@@ -43,14 +45,14 @@ void allocate(mx::array& out, std::initializer_list<const mx::array*> donors) {
       return;
     }
   }
-  out.set_data(mx::allocator::malloc(out.nbytes()));
+  allocate_device(out, s.device.index);
 }
 
-mx::array scratch(size_t bytes, mx::cu::CommandEncoder& enc) {
-  mx::array s({static_cast<int>((bytes + 3) / 4)}, mx::float32, nullptr, {});
-  s.set_data(mx::allocator::malloc(std::max<size_t>(bytes, 4)));
-  enc.add_temporary(s);
-  return s;
+mx::array scratch(size_t bytes, const mx::Stream& s, mx::cu::CommandEncoder& enc) {
+  mx::array a({static_cast<int>((bytes + 3) / 4)}, mx::float32, nullptr, {});
+  allocate(a, s);
+  enc.add_temporary(a);
+  return a;
 }
 
 // Records one kernel as a graph node, launched by its driver handle (MLX's
@@ -80,7 +82,7 @@ void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs,
   mx::array& y = outputs[0];
   auto& enc = mx::cu::get_command_encoder(stream());
   use_device(stream());
-  allocate(y, {&x});
+  allocate(y, stream(), {&x});
 
   rmsnorm::FwdArgs a{};
   a.x = ptr(x);
@@ -106,8 +108,8 @@ void RMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
   mx::array& gx = outputs[0];
   auto& enc = mx::cu::get_command_encoder(stream());
   use_device(stream());
-  allocate(gx, {&x, &g});
-  if (has_weight_) outputs[1].set_data(mx::allocator::malloc(outputs[1].nbytes()));
+  allocate(gx, stream(), {&x, &g});
+  if (has_weight_) allocate(outputs[1], stream());
 
   rmsnorm::BwdArgs a{};
   a.x = ptr(x);
@@ -126,7 +128,7 @@ void RMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
       a, static_cast<rmsnorm::Algorithm>(static_cast<int>(algorithm_)));
   std::optional<mx::array> tmp;
   if (plan.scratch_bytes > 0) {
-    tmp = scratch(plan.scratch_bytes, enc);
+    tmp = scratch(plan.scratch_bytes, stream(), enc);
     rmsnorm::bind_scratch(a, plan, ptr(*tmp));
   }
   // MLX orders graph nodes by the arrays declared before each one: every
