@@ -44,20 +44,24 @@ struct RowPlan {
 //   blocks) lost 1-6% at every shape tried, ncu shows DRAM already 75-80%
 //   busy with two.
 // - Bulk copies (one thread per step, the copy engine moves the rows) where
-//   they win: 16384x8192 222 vs 236 us, 8192x16384 220 vs 235, 65536x1024
-//   114 vs 122. Per-thread cp.async copies cost each thread two
-//   instructions and an address per 16 bytes; at large N that issue work
-//   competes with the math. At N <= 128 the two tie (59 us at 262144x128).
+//   they win: 16384x8192 219 vs 235 us, 8192x16384 221 vs 236, 65536x1024
+//   110 vs 120, 262144x128 57 vs 59. Per-thread cp.async copies cost each
+//   thread two instructions and an address per 16 bytes; at large N that
+//   issue work competes with the math. At N = 2048..4096 per-thread copies
+//   stay ahead (32768x2048 108 vs 116 us, 16384x2880 80 vs 84, 16384x4096
+//   126 vs 128).
+// - Small blocks with many resident (N <= 1024: 128 threads, 10 a SM) beat
+//   a warp per row with 8 rows a step (110 vs 115 us at 65536x1024).
 inline constexpr RowPlan kBackward[] = {
     {4, 128, 4, 1, 2},             // N <= 32 bf16: 32 rows a step, 4 lanes a row
     {8, 128, 8, 1, 2},             // N <= 64
-    {16, 256, 16, 1, 2},           // N <= 128: 16 rows a step (QK-norm head dims)
+    {16, 128, 16, 1, 2, true},     // N <= 128: 8 rows a step (QK-norm head dims)
     {32, 256, 32, 1, 2},           // N <= 256: a warp per row
     {64, 256, 32, 2, 2},           // N <= 512
-    {128, 256, 32, 4, 2, true},    // N <= 1024: still a warp per row, 8 rows a step
-    {256, 256, 256, 1, 2},         // N <= 2048: a block per row from here on
+    {128, 128, 128, 1, 2, true},   // N <= 1024: a block per row from here on
+    {256, 256, 256, 1, 2},         // N <= 2048
     {512, 256, 256, 2, 2},         // N <= 4096
-    {1024, 256, 256, 4, 2, true},  // N <= 8192: the seed's shape
+    {1024, 512, 512, 2, 2, true},  // N <= 8192: the seed's shape
     {2048, 512, 512, 4, 2, true},  // N <= 16384
 };
 

@@ -25,6 +25,7 @@ after 10 steps, 1.4% at step 30 of a run whose loss fell from 6.8 to 0.4).
 
 import argparse
 import math
+import os
 import time
 from functools import partial
 
@@ -141,6 +142,18 @@ def train(args, data, use_plugin):
     return losses, times
 
 
+def gradient_tolerance(precision):
+    """Normwise tolerance of the first-step gradient comparison. float32 on a
+    GPU runs its matmuls in TF32 by default (MLX_ENABLE_TF32=1): inputs are
+    rounded to 10 mantissa bits, so the last-bit differences between two
+    exact RMSNorms come out of the next matmul as ~2^-11 relative (seen: 3e-4
+    on an H200); with MLX_ENABLE_TF32=0 they stay at fp32 level."""
+    if precision != "float32":
+        return 3e-2
+    tf32 = mx.default_device() == mx.gpu and os.environ.get("MLX_ENABLE_TF32", "1") != "0"
+    return 2e-3 if tf32 else 1e-4
+
+
 def first_step_gradients_agree(args, data):
     """Largest normwise relative difference, over all parameters, between the
     first-step gradients with the built-in and with the plugin."""
@@ -245,7 +258,7 @@ def main():
         step_s = sum(t[skip:]) / len(t[skip:])
         print(f"{name:>18}: {1e3 * step_s:8.2f} ms/step, {tokens / step_s:10.0f} tokens/s, "
               f"RMSNorm fwd+bwd {1e3 * norm_s:6.2f} ms/step = {100 * norm_s / step_s:4.1f}% of the step")
-    tol = 1e-4 if args.precision == "float32" else 3e-2
+    tol = gradient_tolerance(args.precision)
     grad_diff = first_step_gradients_agree(args, data)
     first = max(abs(x - y) / abs(x) for x, y in zip(a[:3], b[:3]))
     final = abs(a[-1] - b[-1]) / abs(a[-1])

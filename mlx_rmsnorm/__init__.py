@@ -15,16 +15,18 @@ from typing import Iterator
 import mlx.core as mx
 import mlx.nn as nn
 
-from ._ext import has_cuda_kernels, rms_norm, rms_norm_vjp
+from ._ext import device_memory, has_cuda_kernels, rms_norm, rms_norm_vjp, trim_device_memory
 
 __all__ = [
     "RMSNorm",
+    "device_memory",
     "has_cuda_kernels",
     "is_patched",
     "patch",
     "patched",
     "rms_norm",
     "rms_norm_vjp",
+    "trim_device_memory",
     "unpatch",
 ]
 

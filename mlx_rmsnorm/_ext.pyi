@@ -20,3 +20,9 @@ def rms_norm_vjp(
     algorithm: Literal["auto", "persistent", "split", "naive"] = "auto",
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> Tuple[mx.array, Optional[mx.array]]: ...
+
+def device_memory(device: int = 0) -> tuple[int, int]:
+    """(in_use, reserved) bytes of the plugin's own GPU memory pool."""
+
+def trim_device_memory(device: int = 0) -> None:
+    """Returns the unused part of the plugin's GPU memory pool to the driver."""

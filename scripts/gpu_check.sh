@@ -93,6 +93,8 @@ if has transformer; then
   for precision in float32 mixed bfloat16; do
     python3 examples/train_transformer.py --precision $precision >>"$OUT/transformer.log" 2>&1 || status=1
   done
+  # float32 again with exact fp32 matmuls (no TF32): the fp32-level check.
+  MLX_ENABLE_TF32=0 python3 examples/train_transformer.py --precision float32 >>"$OUT/transformer.log" 2>&1 || status=1
   grep -E "^device:|ms/step|agree" "$OUT/transformer.log"
 fi
 
@@ -105,7 +107,7 @@ fi
 if has sanitize; then
   step sanitize
   for tool in memcheck racecheck synccheck initcheck; do
-    compute-sanitizer --tool $tool --print-limit 20 python3 scripts/sanitize_cases.py 2>&1 \
+    timeout 170 compute-sanitizer --tool $tool --print-limit 20 python3 scripts/sanitize_cases.py 2>&1 \
       | tail -4 | sed "s/^/[$tool] /"
   done | tee "$OUT/sanitize.log"
 fi

@@ -40,15 +40,20 @@ def main():
         mx.eval(gx, gw)
         del x, gx, gw
         if step % max(1, args.steps // 20) == 0 or step == args.steps - 1:
-            samples.append((step, mx.get_active_memory()))
-    print(f"device {device}: active memory (bytes) every {max(1, args.steps // 20)} steps")
-    for step, mem in samples:
-        print(f"  step {step:6d}: {mem:12d}")
+            pool_in_use, pool_reserved = mlx_rmsnorm.device_memory()
+            samples.append((step, mx.get_active_memory(), pool_in_use, pool_reserved))
+    print(f"device {device}: bytes every {max(1, args.steps // 20)} steps "
+          "(MLX active memory; the plugin's own GPU pool: in use, reserved)")
+    for step, mem, used, reserved in samples:
+        print(f"  step {step:6d}: MLX {mem:12d}   pool {used:10d} {reserved:12d}")
     # After the first tenth (caches warm), the live set must not grow.
-    steady = [mem for step, mem in samples if step >= args.steps // 10]
-    growth = max(steady) - steady[0]
-    ok = growth <= 1 << 20
-    print(f"growth after warm-up: {growth} bytes ({'flat' if ok else 'GROWING'})")
+    steady = [s for s in samples if s[0] >= args.steps // 10]
+    ok = True
+    for name, column in (("MLX active", 1), ("pool in use", 2)):
+        growth = max(s[column] for s in steady) - steady[0][column]
+        flat = growth <= 1 << 20
+        ok &= flat
+        print(f"{name} growth after warm-up: {growth} bytes ({'flat' if flat else 'GROWING'})")
     return 0 if ok else 1
 
 

@@ -16,15 +16,15 @@ import mlx_rmsnorm
 # Row lengths in elements around each table threshold (bf16: 8 per vector).
 NS = [1, 7, 31, 32, 33, 64, 65, 128, 129, 256, 257, 1000, 1024, 1025, 2048, 2880,
       4096, 4099, 8192, 8193, 16384, 16392, 40000]
-PAIRS = [(mx.bfloat16, mx.bfloat16), (mx.float16, mx.float16), (mx.float32, mx.float32),
-         (mx.bfloat16, mx.float32), (mx.bfloat16, None)]
+PAIRS = [(mx.bfloat16, mx.bfloat16), (mx.float32, mx.float32), (mx.bfloat16, mx.float32),
+         (mx.bfloat16, None)]  # float16 shares every code path with bfloat16
 
 
 def main():
     device = mx.gpu if mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels else mx.cpu
     count = 0
     for n in NS:
-        for m in (1, 3, 300):
+        for m in (1, 300):
             for x_t, w_t in PAIRS:
                 key = mx.random.key(n * 7 + m)
                 kx, kg, kw = mx.random.split(key, 3)
