@@ -25,8 +25,7 @@ inline void check(cudaError_t err, const char* what) {
 int sm_count();
 
 // Resident blocks per SM for a kernel, block size and dynamic shared memory.
-// Raises the kernel's dynamic shared-memory limit to `smem` first (once per
-// kernel and size). Cached.
+// 0 when `smem` is more than the kernel can have. Cached.
 int blocks_per_sm(const void* host_fn, int block, unsigned smem);
 
 // A call record with the driver handle resolved (cached per kernel).

@@ -83,6 +83,28 @@ int sm_count() {
   return cache[dev] = sms;
 }
 
+// Lets a kernel take all the dynamic shared memory the device allows, once
+// per kernel and device. One fixed limit: a kernel runs with different
+// amounts for different row lengths, and a limit set to the last amount
+// asked for would make a later, larger launch invalid. (The limit is only a
+// permission; occupancy follows the amount each launch asks for.) Returns the
+// largest dynamic amount the kernel can take. Caller holds cache_mutex.
+static int allow_dynamic_smem(int dev, const void* host_fn) {
+  static std::map<std::pair<int, const void*>, int> allowed;
+  auto key = std::make_pair(dev, host_fn);
+  auto it = allowed.find(key);
+  if (it != allowed.end()) return it->second;
+  int limit = 0;
+  check(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+        "cudaDeviceGetAttribute(shared memory)");
+  cudaFuncAttributes attr{};
+  check(cudaFuncGetAttributes(&attr, host_fn), "cudaFuncGetAttributes");
+  const int dynamic = limit - static_cast<int>(attr.sharedSizeBytes);
+  check(cudaFuncSetAttribute(host_fn, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic),
+        "cudaFuncSetAttribute(max dynamic shared memory)");
+  return allowed[key] = dynamic;
+}
+
 int blocks_per_sm(const void* host_fn, int block, unsigned smem) {
   static std::map<std::tuple<int, const void*, int, unsigned>, int> cache;
   int dev = 0;
@@ -91,20 +113,8 @@ int blocks_per_sm(const void* host_fn, int block, unsigned smem) {
   auto key = std::make_tuple(dev, host_fn, block, smem);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  int limit = 0;
-  check(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                               dev),
-        "cudaDeviceGetAttribute(shared memory)");
   int blocks = 0;
-  if (smem <= static_cast<unsigned>(limit)) {
-    // Raised whenever there is dynamic shared memory: the 48 KiB default
-    // counts static shared memory too, so a 48 KiB stage would not fit.
-    if (smem > 0) {
-      check(cudaFuncSetAttribute(host_fn,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 static_cast<int>(smem)),
-            "cudaFuncSetAttribute(max dynamic shared memory)");
-    }
+  if (smem <= static_cast<unsigned>(allow_dynamic_smem(dev, host_fn))) {
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, host_fn, block,
                                                         smem),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
@@ -120,6 +130,7 @@ KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
   cudaFunction_t fn = nullptr;
   {
     std::lock_guard<std::mutex> lock(cache_mutex);
+    if (smem > 0) allow_dynamic_smem(dev, host_fn);
     auto key = std::make_pair(dev, host_fn);
     auto it = cache.find(key);
     if (it == cache.end()) {
@@ -129,8 +140,6 @@ KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
       fn = it->second;
     }
   }
-  // Sets the kernel's dynamic shared-memory limit before any launch.
-  if (smem > 0) blocks_per_sm(host_fn, block.x * block.y, smem);
   return KernelCall{host_fn, fn, grid, block, smem, name};
 }
 

@@ -154,9 +154,11 @@ def gradient_tolerance(precision):
     return 2e-3 if tf32 else 1e-4
 
 
-def first_step_gradients_agree(args, data):
-    """Largest normwise relative difference, over all parameters, between the
-    first-step gradients with the built-in and with the plugin."""
+def first_step_gradients(args, data):
+    """First-step gradients of the same weights and batch: (built-in, plugin,
+    float32 reference). The reference is the built-in on the same weights
+    held in float32 (bf16 values are exact there): in bf16 both RMSNorms are
+    compared with it, since their own bf16 roundings differ by design."""
     mx.random.seed(args.seed)
     model = Transformer(args.vocab, args.dims, args.layers, args.heads)
     set_precision(model, args.precision)
@@ -169,14 +171,22 @@ def first_step_gradients_agree(args, data):
     was = mlx_rmsnorm.is_patched()
     try:
         mlx_rmsnorm.unpatch()
-        ref = dict(tree_flatten(grad(model, x, y)[1]))
+        builtin = dict(tree_flatten(grad(model, x, y)[1]))
+        model.set_dtype(mx.float32)
+        reference = dict(tree_flatten(grad(model, x, y)[1]))
+        set_precision(model, args.precision)
         mlx_rmsnorm.patch()
         ours = dict(tree_flatten(grad(model, x, y)[1]))
     finally:
         (mlx_rmsnorm.patch if was else mlx_rmsnorm.unpatch)()
+    return builtin, ours, reference
+
+
+def max_difference(grads, ref):
+    """Largest normwise relative difference over all parameters."""
     worst = 0.0
     for k, r in ref.items():
-        r, o = r.astype(mx.float32), ours[k].astype(mx.float32)
+        r, o = r.astype(mx.float32), grads[k].astype(mx.float32)
         scale = mx.abs(r).max().item()
         if scale > 0:
             worst = max(worst, mx.abs(o - r).max().item() / scale)
@@ -259,13 +269,26 @@ def main():
         print(f"{name:>18}: {1e3 * step_s:8.2f} ms/step, {tokens / step_s:10.0f} tokens/s, "
               f"RMSNorm fwd+bwd {1e3 * norm_s:6.2f} ms/step = {100 * norm_s / step_s:4.1f}% of the step")
     tol = gradient_tolerance(args.precision)
-    grad_diff = first_step_gradients_agree(args, data)
+    builtin, ours, reference = first_step_gradients(args, data)
     first = max(abs(x - y) / abs(x) for x, y in zip(a[:3], b[:3]))
     final = abs(a[-1] - b[-1]) / abs(a[-1])
     learns = all(math.isfinite(v) for v in a + b) and a[-1] < a[0] and b[-1] < b[0]
-    ok = grad_diff <= tol and first <= 10 * tol and final <= 0.1 and learns
-    print(f"\nfirst-step gradients agree within {grad_diff:.1e} (tolerance {tol:.0e}); "
-          f"losses: first 3 steps within {first:.1e}, last step within {final:.1e}; "
+    if args.precision == "float32":
+        grad_diff = max_difference(ours, builtin)
+        grads_ok = grad_diff <= tol
+        print(f"\nfirst-step gradients, plugin vs built-in: within {grad_diff:.1e} "
+              f"(tolerance {tol:.0e})")
+    else:
+        # Each run's bf16 roundings move its gradients by ~tol from the exact
+        # ones; the plugin must be as close to the float32 gradients as the
+        # built-in is (or within tol).
+        ours_err, builtin_err = max_difference(ours, reference), max_difference(builtin, reference)
+        grads_ok = ours_err <= max(tol, 1.25 * builtin_err)
+        print(f"\nfirst-step gradients vs the same weights in float32: plugin {ours_err:.1e}, "
+              f"built-in {builtin_err:.1e} (plugin must be <= max({tol:.0e}, 1.25 x built-in)); "
+              f"plugin vs built-in {max_difference(ours, builtin):.1e}")
+    ok = grads_ok and first <= 10 * tol and final <= 0.1 and learns
+    print(f"losses: first 3 steps within {first:.1e}, last step within {final:.1e}; "
           f"both decrease: {'yes' if learns else 'NO'}")
     print("agreement:", "yes" if ok else "NO")
     return 0 if ok else 1
