@@ -108,7 +108,7 @@ fi
 
 if has sanitize; then
   step sanitize
-  for tool in memcheck racecheck synccheck initcheck; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
     timeout ${SANITIZE_TIMEOUT:-170} compute-sanitizer --tool $tool --print-limit 20 python3 scripts/sanitize_cases.py 2>&1 \
       | tail -4 | sed "s/^/[$tool] /"
   done | tee "$OUT/sanitize.log"
