@@ -46,7 +46,6 @@ bool plan_persistent(const BwdArgs& a, int vec, Plan& p) {
   const int64_t grid = std::min<int64_t>(
       int64_t(detail::sm_count()) * occupancy, ceil_div(a.rows, rows_per_step));
   p.algorithm = Algorithm::Persistent;
-  p.describe = "persistent";
   if (grid > 0)
     p.calls.push_back(make_call(fn, dim3(grid), dim3(cfg.block), smem,
                                 "bwd_persistent"));
@@ -68,7 +67,6 @@ void plan_split(const BwdArgs& a, Plan& p) {
       std::clamp<int64_t>(ceil_div(int64_t(sms) * plans::kSplitBlocksPerSM, tiles), 1,
                           std::max<int64_t>(1, ceil_div(a.rows, 8)));
   p.algorithm = Algorithm::Split;
-  p.describe = "split";
   p.row_stats_offset = 0;
   p.partials_offset = detail::align_up(sizeof(float) * 2 * a.rows);
   p.partial_rows = a.rows > 0 ? static_cast<int>(splits) : 0;
@@ -91,7 +89,6 @@ void plan_split(const BwdArgs& a, Plan& p) {
 template <typename X, typename G, int VEC>
 void plan_naive(const BwdArgs& a, Plan& p) {
   p.algorithm = Algorithm::Naive;
-  p.describe = "naive";
   const int sms = detail::sm_count();
   if (a.rows > 0) {
     const void* rows = reinterpret_cast<const void*>(

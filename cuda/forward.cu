@@ -24,7 +24,6 @@ void plan_looped(const FwdArgs& a, Plan& p) {
   const int occ = detail::blocks_per_sm(fn, plans::kLoopedBlock, 0);
   const int64_t grid =
       std::min<int64_t>(a.rows, int64_t(detail::sm_count()) * std::max(occ, 1));
-  p.describe = "looped";
   p.calls.push_back(detail::make_call(fn, dim3(grid), dim3(plans::kLoopedBlock),
                                       0, "fwd_looped"));
 }
@@ -50,7 +49,6 @@ Plan plan_forward(const FwdArgs& a) {
     const int64_t grid =
         std::min<int64_t>(detail::ceil_div(a.rows, rows_per_step),
                           int64_t(detail::sm_count()) * std::max(occ, 1));
-    p.describe = "rows";
     p.calls.push_back(
         detail::make_call(fn, dim3(grid), dim3(cfg.block), 0, "fwd_rows"));
   });

@@ -50,8 +50,7 @@ void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch) {
   a.partial_rows = plan.partial_rows;
 }
 
-cudaError_t launch(const Plan& plan, const void* args, std::size_t,
-                   cudaStream_t stream) {
+cudaError_t launch(const Plan& plan, const void* args, cudaStream_t stream) {
   for (const KernelCall& c : plan.calls) {
     void* params[] = {const_cast<void*>(args)};
     cudaError_t err = cudaLaunchKernel(c.host_fn, c.grid, c.block, params,

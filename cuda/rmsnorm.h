@@ -84,7 +84,6 @@ struct Plan {
   int partial_rows = 0;           // copy into BwdArgs::partial_rows
   std::size_t partials_offset = 0, row_stats_offset = 0, naive_offset = 0;
   Algorithm algorithm = Algorithm::Auto;
-  const char* describe = "";  // the table entry that was chosen, for logs
 };
 
 // Widest element count per 16-byte access that the pointers and n allow.
@@ -98,8 +97,8 @@ Plan plan_copy(const CopyArgs& a);  // pointers must be 16-byte aligned
 void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch);
 
 // Launch a plan on a stream with <<<>>>-equivalent runtime calls (CLI).
-cudaError_t launch(const Plan& plan, const void* args, std::size_t args_size,
-                   cudaStream_t stream);
+// `args` points at the FwdArgs, BwdArgs or CopyArgs the plan was made for.
+cudaError_t launch(const Plan& plan, const void* args, cudaStream_t stream);
 
 
 }  // namespace rmsnorm

@@ -22,7 +22,7 @@ step setup
 source .device/setup.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 
-if has build || has tests || has bench || has sanitize || has memory || has train || has transformer; then
+if has build || has tests || has bench || has sanitize || has memory || has train || has transformer || has profile; then
   step build
   # (the build log comes back only when the build fails: $OUT holds 8 files)
   python3 -m pip install --no-build-isolation --no-deps -v -e . >/tmp/build.log 2>&1 \
@@ -54,17 +54,26 @@ if has profile; then
   # Nsight Compute on the persistent backward (the table's plan) at the
   # benchmark shapes, and on the built-in's kernels for comparison.
   sections="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis"
+  : >"$OUT/profile.log"
+  [ -n "${PROFILE_MLX_ONLY:-}" ] ||
   for shape in "8192 16384" "8192 4096" "4096 16384" "2048 32768" "128 262144" "2880 16384" "16384 8192"; do
     echo "##### rmsnorm_backward $shape"
     ncu --clock-control none $sections -k regex:bwd_persistent --launch-skip 1 --launch-count 1 \
       ./build/cuda/rmsnorm_backward $shape 2 2>&1 | grep -v "^==PROF==" | grep -vi "^  *-\+ *$"
-  done >"$OUT/profile.log" 2>&1
-  if python3 -c "import mlx.core" 2>/dev/null; then
-    echo "##### mx.fast.rms_norm VJP 16384x8192" >>"$OUT/profile.log"
-    ncu --clock-control none $sections -k regex:rms_norm --launch-skip 1 --launch-count 1 \
-      python3 scripts/builtin_vjp.py 16384 8192 >>"$OUT/profile.log" 2>&1
+  done >>"$OUT/profile.log" 2>&1
+  # Through MLX (needs the build step): the built-in's backward, and both
+  # forwards where ours trails the built-in.
+  if python3 -c "import mlx_rmsnorm" 2>/dev/null; then
+    for case in "bwd builtin 16384 8192 rms_norm" "fwd ours 32768 2048 fwd_rows" \
+                "fwd builtin 32768 2048 rms_norm" "fwd ours 16384 8192 fwd_rows" \
+                "fwd builtin 16384 8192 rms_norm"; do
+      set -- $case
+      echo "##### $1 $2 $3x$4"
+      ncu --clock-control none $sections -k regex:$5 --launch-skip 1 --launch-count 1 \
+        python3 scripts/profile_case.py $1 $2 $3 $4 2>&1 | grep -v "^==PROF==" | grep -vi "^  *-\+ *$"
+    done >>"$OUT/profile.log" 2>&1
   fi
-  grep -E "^#####|bwd_persistent|rms_norm|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Block Limit|Memory Throughput" "$OUT/profile.log" | head -150
+  grep -E "^#####|bwd_persistent|fwd_rows|rms_norm|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Memory Throughput|Stall|Warp Cycles Per Issued" "$OUT/profile.log" | head -150
 fi
 
 if has tests; then

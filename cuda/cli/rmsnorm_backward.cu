@@ -6,26 +6,14 @@
 // checks that they agree with each other (gx and gw), and prints the time of
 // each (CUDA events, median of iters), its bandwidth counting x and g read and
 // gx written once, and the passes over an M x N tensor that the chain makes.
-#include <cuda_bf16.h>
-
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "common.h"
 #include "rmsnorm.h"
-
-#define CHECK(call)                                                        \
-  do {                                                                     \
-    cudaError_t err_ = (call);                                             \
-    if (err_ != cudaSuccess) {                                             \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,    \
-                   cudaGetErrorString(err_));                              \
-      std::exit(1);                                                        \
-    }                                                                      \
-  } while (0)
 
 namespace {
 
@@ -33,23 +21,6 @@ struct Chain {
   rmsnorm::Algorithm algorithm;
   const char* passes;  // M x N tensors moved: reads + writes
 };
-
-std::vector<float> to_host(const void* dev, size_t count) {
-  std::vector<__nv_bfloat16> h(count);
-  CHECK(cudaMemcpy(h.data(), dev, count * 2, cudaMemcpyDeviceToHost));
-  std::vector<float> out(count);
-  for (size_t i = 0; i < count; ++i) out[i] = __bfloat162float(h[i]);
-  return out;
-}
-
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, (double)std::fabs(a[i] - b[i]));
-    den = std::max(den, (double)std::fabs(b[i]));
-  }
-  return den > 0 ? num / den : num;
-}
 
 }  // namespace
 
@@ -98,9 +69,6 @@ int main(int argc, char** argv) {
       {rmsnorm::Algorithm::Naive, "5 (+ M x N gw partial written, read)"},
   };
   std::vector<float> ref_gx, ref_gw;
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
   int status = 0;
   for (const Chain& chain : chains) {
     rmsnorm::BwdArgs a{};
@@ -119,20 +87,7 @@ int main(int argc, char** argv) {
     rmsnorm::bind_scratch(a, plan, scratch);
 
     CHECK(cudaMemset(gx, 0xff, count * 2));  // poison: every element is written
-    CHECK(rmsnorm::launch(plan, &a, sizeof(a), 0));
-    CHECK(cudaDeviceSynchronize());
-    std::vector<float> times;
-    for (int i = 0; i < iters; ++i) {
-      CHECK(cudaEventRecord(start));
-      CHECK(rmsnorm::launch(plan, &a, sizeof(a), 0));
-      CHECK(cudaEventRecord(stop));
-      CHECK(cudaEventSynchronize(stop));
-      float ms = 0;
-      CHECK(cudaEventElapsedTime(&ms, start, stop));
-      times.push_back(ms * 1000.f);
-    }
-    std::sort(times.begin(), times.end());
-    double us = times[times.size() / 2];
+    const double us = cli::median_us(iters, [&] { CHECK(rmsnorm::launch(plan, &a, 0)); });
     double gbs = 3.0 * count * 2 / (us * 1e3);
 
     std::string names;
@@ -141,13 +96,13 @@ int main(int argc, char** argv) {
                 rmsnorm::algorithm_name(plan.algorithm), names.c_str(), us, gbs,
                 chain.passes);
 
-    auto hx = to_host(gx, count);
-    auto hw = to_host(gw, n);
+    auto hx = cli::to_host(gx, count);
+    auto hw = cli::to_host(gw, n);
     if (ref_gx.empty()) {
       ref_gx = hx;
       ref_gw = hw;
     } else {
-      double dx = max_rel_diff(hx, ref_gx), dw = max_rel_diff(hw, ref_gw);
+      double dx = cli::max_rel_diff(hx, ref_gx), dw = cli::max_rel_diff(hw, ref_gw);
       // gx: one bf16 rounding apart at most; gw: the naive chain rounds its
       // M x N partial to bf16 (as the seed does), the others stay in fp32.
       bool ok = dx <= 1e-2 && dw <= 1e-2 && std::isfinite(dx) && std::isfinite(dw);

@@ -20,17 +20,8 @@
 #include "backward.cuh"
 #include "bandwidth.cuh"
 #include "colsum.cuh"
+#include "common.h"
 #include "plans.h"
-
-#define CHECK(call)                                                      \
-  do {                                                                   \
-    cudaError_t err_ = (call);                                           \
-    if (err_ != cudaSuccess) {                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call,  \
-                   cudaGetErrorString(err_));                            \
-      std::exit(1);                                                      \
-    }                                                                    \
-  } while (0)
 
 namespace {
 
@@ -81,51 +72,6 @@ __global__ void fill(X* p, int64_t count, unsigned seed) {
   }
 }
 
-template <typename Launch>
-double median_us(int iters, Launch launch) {
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  launch();
-  CHECK(cudaDeviceSynchronize());
-  std::vector<float> times;
-  for (int i = 0; i < iters; ++i) {
-    CHECK(cudaEventRecord(start));
-    launch();
-    CHECK(cudaEventRecord(stop));
-    CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms * 1000.f);
-  }
-  CHECK(cudaGetLastError());
-  CHECK(cudaEventDestroy(start));
-  CHECK(cudaEventDestroy(stop));
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
-std::vector<float> host(const void* p, size_t count, bool f32) {
-  std::vector<float> out(count);
-  if (f32) {
-    CHECK(cudaMemcpy(out.data(), p, count * 4, cudaMemcpyDeviceToHost));
-  } else {
-    std::vector<X> h(count);
-    CHECK(cudaMemcpy(h.data(), p, count * 2, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < count; ++i) out[i] = __bfloat162float(h[i]);
-  }
-  return out;
-}
-
-double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, (double)std::fabs(a[i] - b[i]));
-    den = std::max(den, (double)std::fabs(b[i]));
-  }
-  return den > 0 ? num / den : num;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -155,7 +101,7 @@ int main(int argc, char** argv) {
 
     rmsnorm::CopyArgs c{x, g, out, int64_t(count), rmsnorm::DType::BF16};
     rmsnorm::Plan copy = rmsnorm::plan_copy(c);
-    const double ceil_us = median_us(iters, [&] { CHECK(rmsnorm::launch(copy, &c, sizeof(c), 0)); });
+    const double ceil_us = cli::median_us(iters, [&] { CHECK(rmsnorm::launch(copy, &c, 0)); });
     const double bytes = 3.0 * count * 2;
     char label[64];
     std::snprintf(label, sizeof label, "%lldx%d", (long long)m, n);
@@ -191,13 +137,13 @@ int main(int argc, char** argv) {
       auto run = [&] {
         CHECK(cudaLaunchKernel(fn, dim3(grid), dim3(p.block), params, smem, 0));
       };
-      const double us = median_us(iters, run);
+      const double us = cli::median_us(iters, run);
       CHECK(cudaMemset(gx, 0xff, count * 2));
       run();
       rmsnorm::colsum<float, true><<<dim3((n + 31) / 32, 1), dim3(32, 8)>>>(a);
       CHECK(cudaDeviceSynchronize());
-      auto hx = host(gx, count, false);
-      auto hw = host(gw, n, false);
+      auto hx = cli::to_host(gx, count);
+      auto hw = cli::to_host(gw, n);
       char name[48];
       std::snprintf(name, sizeof name, "{%d,%d,%d,%d,%s}", p.block, p.group, p.chunks,
                     p.stages, p.bulk ? "bulk" : "async");
@@ -206,7 +152,7 @@ int main(int argc, char** argv) {
         ref_gx = hx;
         ref_gw = hw;
       } else {
-        double dx = max_rel(hx, ref_gx), dw = max_rel(hw, ref_gw);
+        double dx = cli::max_rel_diff(hx, ref_gx), dw = cli::max_rel_diff(hw, ref_gw);
         bool ok = dx <= 1e-2 && dw <= 1e-2;
         std::snprintf(check, sizeof check, "gx %.1e gw %.1e %s", dx, dw, ok ? "ok" : "DIFFER");
         if (!ok) status = 1;

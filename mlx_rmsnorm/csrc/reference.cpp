@@ -1,5 +1,6 @@
 #include "reference.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "mlx/ops.h"
@@ -55,6 +56,19 @@ std::vector<mx::array> backward(const mx::array& x,
     out.push_back(mx::astype(gw, w->dtype(), s));
   }
   return out;
+}
+
+std::vector<mx::array> full_tangents(const std::vector<mx::array>& primals,
+                                     const std::vector<mx::array>& tangents,
+                                     const std::vector<int>& argnums,
+                                     mx::StreamOrDevice s) {
+  std::vector<mx::array> all;
+  for (size_t i = 0; i < primals.size(); ++i) {
+    auto it = std::find(argnums.begin(), argnums.end(), static_cast<int>(i));
+    all.push_back(it == argnums.end() ? mx::zeros_like(primals[i], s)
+                                      : tangents[it - argnums.begin()]);
+  }
+  return all;
 }
 
 }  // namespace mlx_rmsnorm::reference

@@ -22,6 +22,13 @@ std::vector<mx::array> backward(const mx::array& x,
                                 const mx::array& g, float eps,
                                 mx::StreamOrDevice s = {});
 
+// Tangents for every primal: the given ones at `argnums`, zeros elsewhere
+// (what mx::jvp of the reference function needs).
+std::vector<mx::array> full_tangents(const std::vector<mx::array>& primals,
+                                     const std::vector<mx::array>& tangents,
+                                     const std::vector<int>& argnums,
+                                     mx::StreamOrDevice s = {});
+
 // Unpack the primitives' input lists: (x, [w]) and (x, [w], g).
 std::optional<mx::array> weight_of(const std::vector<mx::array>& inputs,
                                    bool has_weight);

@@ -84,13 +84,7 @@ std::vector<mx::array> RMSNorm::jvp(const std::vector<mx::array>& primals,
                                     const std::vector<int>& argnums) {
   // Forward-mode through the op-level formula; tangents of inputs that were
   // not asked for are zero.
-  std::vector<mx::array> all_tangents;
-  for (size_t i = 0; i < primals.size(); ++i) {
-    auto it = std::find(argnums.begin(), argnums.end(), static_cast<int>(i));
-    all_tangents.push_back(it == argnums.end()
-                               ? mx::zeros_like(primals[i], stream())
-                               : tangents[it - argnums.begin()]);
-  }
+  auto all_tangents = reference::full_tangents(primals, tangents, argnums, stream());
   float eps = eps_;
   bool has_w = has_weight_;
   auto s = stream();

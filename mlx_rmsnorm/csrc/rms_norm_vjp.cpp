@@ -83,13 +83,7 @@ std::vector<mx::array> RMSNormVJP::vjp(const std::vector<mx::array>& primals,
 std::vector<mx::array> RMSNormVJP::jvp(const std::vector<mx::array>& primals,
                                        const std::vector<mx::array>& tangents,
                                        const std::vector<int>& argnums) {
-  std::vector<mx::array> all_tangents;
-  for (size_t i = 0; i < primals.size(); ++i) {
-    auto it = std::find(argnums.begin(), argnums.end(), static_cast<int>(i));
-    all_tangents.push_back(it == argnums.end()
-                               ? mx::zeros_like(primals[i], stream())
-                               : tangents[it - argnums.begin()]);
-  }
+  auto all_tangents = reference::full_tangents(primals, tangents, argnums, stream());
   return mx::jvp(reference_backward(eps_, has_weight_, stream()), primals,
                  all_tangents)
       .second;

@@ -1,0 +1,75 @@
+// Helpers shared by the standalone tools in cuda/cli: error checks, copies
+// back to the host, the agreement measure and CUDA-event timing.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CHECK(call)                                                     \
+  do {                                                                  \
+    cudaError_t err_ = (call);                                          \
+    if (err_ != cudaSuccess) {                                          \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, \
+                   cudaGetErrorString(err_));                           \
+      std::exit(1);                                                     \
+    }                                                                   \
+  } while (0)
+
+namespace cli {
+
+// `count` bf16 (or, with f32, float) values from the device, as floats.
+inline std::vector<float> to_host(const void* dev, size_t count, bool f32 = false) {
+  std::vector<float> out(count);
+  if (f32) {
+    CHECK(cudaMemcpy(out.data(), dev, count * 4, cudaMemcpyDeviceToHost));
+    return out;
+  }
+  std::vector<__nv_bfloat16> h(count);
+  CHECK(cudaMemcpy(h.data(), dev, count * 2, cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < count; ++i) out[i] = __bfloat162float(h[i]);
+  return out;
+}
+
+// max |a - b| / max |b|.
+inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, (double)std::fabs(a[i] - b[i]));
+    den = std::max(den, (double)std::fabs(b[i]));
+  }
+  return den > 0 ? num / den : num;
+}
+
+// Median over `iters` timed runs of launch() (CUDA events on the default
+// stream), after one untimed run.
+template <typename Launch>
+double median_us(int iters, Launch launch) {
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  launch();
+  CHECK(cudaDeviceSynchronize());
+  std::vector<float> times;
+  for (int i = 0; i < iters; ++i) {
+    CHECK(cudaEventRecord(start));
+    launch();
+    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms * 1000.f);
+  }
+  CHECK(cudaGetLastError());
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace cli
