@@ -24,6 +24,7 @@ after 10 steps, 1.4% at step 30 of a run whose loss fell from 6.8 to 0.4).
 """
 
 import argparse
+import contextlib
 import math
 import os
 import time
@@ -107,15 +108,28 @@ def set_precision(model, precision):
                 m.weight = m.weight.astype(mx.float32)
 
 
-def train(args, data, use_plugin):
+def make_model(args):
+    """The model both runs start from: same seed, same weights."""
     mx.random.seed(args.seed)
     model = Transformer(args.vocab, args.dims, args.layers, args.heads)
     set_precision(model, args.precision)
+    return model
+
+
+def loss_fn(model, x, y):
+    return nn.losses.cross_entropy(model(x).astype(mx.float32), y).mean()
+
+
+def using(plugin):
+    """The plugin for the block, or the built-in (the example never patches
+    outside these blocks)."""
+    return mlx_rmsnorm.patched() if plugin else contextlib.nullcontext()
+
+
+def train(args, data, use_plugin):
+    model = make_model(args)
     opt = optim.AdamW(learning_rate=args.lr)
     mx.eval(model.parameters())
-
-    def loss_fn(model, x, y):
-        return nn.losses.cross_entropy(model(x).astype(mx.float32), y).mean()
 
     state = [model.state, opt.state]
 
@@ -125,10 +139,8 @@ def train(args, data, use_plugin):
         opt.update(model, grads)
         return loss
 
-    was = mlx_rmsnorm.is_patched()
-    (mlx_rmsnorm.patch if use_plugin else mlx_rmsnorm.unpatch)()
     losses, times = [], []
-    try:
+    with using(use_plugin):
         for i in range(args.steps):
             batch = data[(i * args.batch) % len(data):][: args.batch]
             x, y = batch[:, :-1], batch[:, 1:]
@@ -137,8 +149,6 @@ def train(args, data, use_plugin):
             mx.eval(loss, state)
             times.append(time.perf_counter() - t0)
             losses.append(loss.item())
-    finally:
-        (mlx_rmsnorm.patch if was else mlx_rmsnorm.unpatch)()
     return losses, times
 
 
@@ -159,26 +169,15 @@ def first_step_gradients(args, data):
     float32 reference). The reference is the built-in on the same weights
     held in float32 (bf16 values are exact there): in bf16 both RMSNorms are
     compared with it, since their own bf16 roundings differ by design."""
-    mx.random.seed(args.seed)
-    model = Transformer(args.vocab, args.dims, args.layers, args.heads)
-    set_precision(model, args.precision)
+    model = make_model(args)
     x, y = data[: args.batch, :-1], data[: args.batch, 1:]
-
-    def loss_fn(model, x, y):
-        return nn.losses.cross_entropy(model(x).astype(mx.float32), y).mean()
-
     grad = nn.value_and_grad(model, loss_fn)
-    was = mlx_rmsnorm.is_patched()
-    try:
-        mlx_rmsnorm.unpatch()
-        builtin = dict(tree_flatten(grad(model, x, y)[1]))
-        model.set_dtype(mx.float32)
-        reference = dict(tree_flatten(grad(model, x, y)[1]))
-        set_precision(model, args.precision)
-        mlx_rmsnorm.patch()
+    builtin = dict(tree_flatten(grad(model, x, y)[1]))
+    model.set_dtype(mx.float32)
+    reference = dict(tree_flatten(grad(model, x, y)[1]))
+    set_precision(model, args.precision)
+    with using(True):
         ours = dict(tree_flatten(grad(model, x, y)[1]))
-    finally:
-        (mlx_rmsnorm.patch if was else mlx_rmsnorm.unpatch)()
     return builtin, ours, reference
 
 
