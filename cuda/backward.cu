@@ -17,7 +17,7 @@ const void* persistent_kernel(int row, std::index_sequence<I...>) {
   static const void* const kernels[] = {reinterpret_cast<const void*>(
       &bwd_persistent<X, G, kBackward[I].block, kBackward[I].group,
                       kBackward[I].chunks, kBackward[I].stages,
-                      kBackward[I].bulk>)...};
+                      kBackward[I].bulk, kBackward[I].cluster>)...};
   return kernels[row];
 }
 
@@ -36,23 +36,28 @@ bool plan_persistent(const BwdArgs& a, int vec, Plan& p) {
   if (vec != full || row < 0) return false;
   const auto& cfg = kBackward[row];
   const int rows_per_step = cfg.block / cfg.group;
-  const std::size_t smem = std::size_t(cfg.stages) * rows_per_step * nvec *
-                           16 * (1 + sizeof(G) / sizeof(X));
+  const std::size_t smem =
+      plans::persistent_smem(cfg, nvec, static_cast<int>(sizeof(G) / sizeof(X)));
   const void* fn = persistent_kernel<X, G>(
       row, std::make_index_sequence<std::size(kBackward)>{});
-  const int occupancy = detail::blocks_per_sm(fn, cfg.block, smem);
-  if (occupancy == 0) return false;
+  // Units that walk the rows: blocks, or clusters of blocks, all resident.
+  const int resident =
+      cfg.cluster > 1
+          ? detail::clusters_per_gpu(fn, cfg.block, smem, cfg.cluster)
+          : detail::sm_count() * detail::blocks_per_sm(fn, cfg.block, smem);
+  if (resident == 0) return false;
 
-  const int64_t grid = std::min<int64_t>(
-      int64_t(detail::sm_count()) * occupancy, ceil_div(a.rows, rows_per_step));
+  const int64_t units =
+      std::min<int64_t>(resident, ceil_div(a.rows, rows_per_step));
+  const int64_t grid = units * cfg.cluster;
   p.algorithm = Algorithm::Persistent;
   if (grid > 0)
     p.calls.push_back(make_call(fn, dim3(grid), dim3(cfg.block), smem,
-                                "bwd_persistent"));
+                                "bwd_persistent", cfg.cluster));
   if (a.w != nullptr) {
-    p.partial_rows = static_cast<int>(grid);
+    p.partial_rows = static_cast<int>(units);
     p.partials_offset = 0;
-    p.scratch_bytes = detail::align_up(sizeof(float) * grid * a.n);
+    p.scratch_bytes = detail::align_up(sizeof(float) * units * a.n);
     p.calls.push_back(final_colsum(a.n));
   }
   return true;

@@ -13,11 +13,17 @@
 namespace rmsnorm {
 
 // Persistent kernel (the seed's design). The grid is sized by the machine;
-// block b walks row steps b, b + gridDim, ... (ROWS consecutive rows a step),
+// unit u walks row steps u, u + units, ... (ROWS consecutive rows a step),
 // STAGES-1 steps ahead of the compute: x and g land in shared memory through
 // asynchronous copies, so loads stay in flight although only a few blocks are
 // resident. gw stays in fp32 registers for the whole walk and is written once
-// per block: partials is gridDim.x x n, summed afterwards by colsum.
+// per unit: partials is units x n, summed afterwards by colsum.
+//
+// A unit is one block, or with CLUSTER > 1 a thread-block cluster whose
+// blocks each own a contiguous slice of the row's columns (rows too long for
+// one SM's shared memory). The two row sums then cross the cluster through
+// distributed shared memory once a step, and every block adds the slices'
+// sums in rank order, so all of them see the same bits.
 //
 // BULK picks how a step's rows travel. false: every thread copies (cp.async,
 // 16 bytes) exactly the vectors it later reads, so no barrier guards a stage.
@@ -26,22 +32,28 @@ namespace rmsnorm {
 // issue slots; a stage is refilled only after the block barrier that follows
 // the last read of it, and completion is signalled on one mbarrier per stage.
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK>
+          bool BULK, int CLUSTER>
 __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ROWS = BLOCK / GROUP;
   static_assert(!BULK || STAGES >= 2, "the bulk pipeline refills mid-step");
+  static_assert(CLUSTER == 1 || ROWS == 1, "a cluster splits one row a step");
   using XV = Vec<X, VEC>;
   using GV = Vec<G, VEC>;
   const int n = a.n;
-  const int nvec = n / VEC;
   const int lane = threadIdx.x % GROUP;
   const int r = threadIdx.x / GROUP;
+  // This block's columns: vectors [v0, v0 + nvec) of the row.
+  const int rank = blockIdx.x % CLUSTER;
+  const int per_rank = (n / VEC + CLUSTER - 1) / CLUSTER;
+  const int v0 = rank * per_rank;
+  const int nvec = max(0, min(n / VEC - v0, per_rank));
 
   // Stage s: ROWS rows of x (nvec vectors each), then ROWS rows of g.
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float2 red[32];
   __shared__ unsigned long long landed[STAGES];  // BULK: one mbarrier a stage
+  __shared__ float2 slice_sums[2];  // CLUSTER: this block's sums, by step parity
   const size_t stage_bytes = (size_t)ROWS * nvec * (sizeof(XV) + sizeof(GV));
   auto stage_x = [&](int s, int row) {
     return reinterpret_cast<XV*>(smem + s * stage_bytes) + (size_t)row * nvec;
@@ -52,23 +64,26 @@ __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
            (size_t)row * nvec;
   };
 
-  const int64_t stride = (int64_t)gridDim.x * ROWS;
-  const int64_t block_row = (int64_t)blockIdx.x * ROWS;
+  const int64_t unit = blockIdx.x / CLUSTER;
+  const int64_t stride = (int64_t)(gridDim.x / CLUSTER) * ROWS;
+  const int64_t unit_row = unit * ROWS;
   const int64_t steps =
-      block_row < a.rows ? (a.rows - block_row + stride - 1) / stride : 0;
-  const X* x = static_cast<const X*>(a.x);
-  const G* g = static_cast<const G*>(a.g);
-  X* gx = static_cast<X*>(a.gx);
+      unit_row < a.rows ? (a.rows - unit_row + stride - 1) / stride : 0;
+  // Rows start at the slice: offsets below are within it.
+  const X* x = static_cast<const X*>(a.x) + (size_t)v0 * VEC;
+  const G* g = static_cast<const G*>(a.g) + (size_t)v0 * VEC;
+  X* gx = static_cast<X*>(a.gx) + (size_t)v0 * VEC;
 
   // Starts the copies of step `step` into its stage (step < steps).
   auto prefetch = [&](int64_t step) {
     const int s = step % STAGES;
-    const int64_t first = block_row + step * stride;
+    const int64_t first = unit_row + step * stride;
     if constexpr (BULK) {
       if (threadIdx.x != 0) return;
+      // One range per operand: ROWS whole rows, or (ROWS == 1) the slice.
       const int64_t count = min((int64_t)ROWS, a.rows - first);
-      const unsigned bytes_x = count * n * sizeof(X);
-      const unsigned bytes_g = count * n * sizeof(G);
+      const unsigned bytes_x = count * nvec * sizeof(XV);
+      const unsigned bytes_g = count * nvec * sizeof(GV);
       bulk_expect(&landed[s], bytes_x + bytes_g);
       bulk_copy(stage_x(s, 0), x + first * n, bytes_x, &landed[s]);
       bulk_copy(stage_g(s, 0), g + first * n, bytes_g, &landed[s]);
@@ -111,8 +126,9 @@ __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
     int v = j * GROUP + lane;
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
-      w[j][k] = v < nvec ? load_as_float(a.w, a.w_dtype, (int64_t)v * VEC + k)
-                         : 0.f;
+      w[j][k] = v < nvec
+                    ? load_as_float(a.w, a.w_dtype, (int64_t)(v0 + v) * VEC + k)
+                    : 0.f;
       acc[j][k] = 0.f;
     }
   }
@@ -128,7 +144,7 @@ __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
       __pipeline_wait_prior(STAGES - 1);
     }
 
-    const int64_t row = block_row + r + t * stride;
+    const int64_t row = unit_row + r + t * stride;
     const bool valid = row < a.rows;  // uniform when ROWS == 1
     const XV* sx = stage_x(s, r);
     const GV* sg = stage_g(s, r);
@@ -155,6 +171,7 @@ __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
       if constexpr (GROUP <= 32) __syncthreads();
       if (t + STAGES - 1 < steps) prefetch(t + STAGES - 1);
     }
+    if constexpr (CLUSTER > 1) sums = cluster_sum<CLUSTER>(sums, slice_sums, t);
     const float rstd = rsqrtf(sums.x / n + a.eps);
     const float c = sums.y / n * rstd * rstd * rstd;
 
@@ -180,9 +197,11 @@ __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
     }
   }
   if constexpr (!BULK) __pipeline_wait_prior(0);
+  // No block may leave while another can still read its slice_sums.
+  if constexpr (CLUSTER > 1) cluster_barrier();
   if (a.w == nullptr) return;
 
-  float* out = a.partials + (int64_t)blockIdx.x * n;
+  float* out = a.partials + unit * n + (size_t)v0 * VEC;
   if constexpr (ROWS == 1) {
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {

@@ -2,6 +2,7 @@
 // vectors, asynchronous copies and fixed-order (deterministic) reductions.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_pipeline.h>
@@ -172,6 +173,34 @@ __device__ __forceinline__ float2 group_sum(float2 v, float2* smem) {
     __syncthreads();  // smem is free again for the next row
   }
   return v;
+}
+
+// Thread-block clusters (sm_90). Every thread of every block of the cluster
+// must call these, the same number of times.
+__device__ __forceinline__ void cluster_barrier() {
+  cooperative_groups::this_cluster().sync();
+}
+
+// Adds the block-wide sums `v` of the CLUSTER blocks of a cluster, in rank
+// order (every block gets the same bits). `slots` is a pair in this block's
+// shared memory; the step's parity picks one, so a block may write step
+// t + 1's sums while a slower block still reads step t's: the barrier of step
+// t + 1 keeps it from reaching step t + 2's write before that read is done.
+template <int CLUSTER>
+__device__ __forceinline__ float2 cluster_sum(float2 v, float2* slots,
+                                              int64_t step) {
+  auto cluster = cooperative_groups::this_cluster();
+  float2* slot = slots + (step & 1);
+  if (threadIdx.x == 0) *slot = v;
+  cluster.sync();
+  float2 total = make_float2(0.f, 0.f);
+#pragma unroll
+  for (int q = 0; q < CLUSTER; ++q) {
+    const float2 part = *cluster.map_shared_rank(slot, q);
+    total.x += part.x;
+    total.y += part.y;
+  }
+  return total;
 }
 
 }  // namespace rmsnorm

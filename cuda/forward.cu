@@ -1,5 +1,7 @@
 // Forward planner: a row-in-registers kernel from plans::kForward, or the
 // looped kernel for rows past the table or not 16-byte friendly.
+#include <limits>
+
 #include "dispatch.cuh"
 #include "forward.cuh"
 #include "plans.h"
@@ -13,7 +15,7 @@ template <typename X, typename O, std::size_t... I>
 const void* rows_kernel(int row, std::index_sequence<I...>) {
   static const void* const kernels[] = {reinterpret_cast<const void*>(
       &fwd_rows<X, O, kForward[I].block, kForward[I].group,
-                kForward[I].chunks>)...};
+                kForward[I].chunks, kForward[I].stages>)...};
   return kernels[row];
 }
 
@@ -45,10 +47,13 @@ Plan plan_forward(const FwdArgs& a) {
     const int rows_per_step = cfg.block / cfg.group;
     const void* fn =
         rows_kernel<X, O>(row, std::make_index_sequence<std::size(kForward)>{});
-    const int occ = detail::blocks_per_sm(fn, cfg.block, 0);
-    const int64_t grid =
-        std::min<int64_t>(detail::ceil_div(a.rows, rows_per_step),
-                          int64_t(detail::sm_count()) * std::max(occ, 1));
+    // (the kernel strides over rows, so any grid covers them all)
+    int64_t grid = std::min<int64_t>(detail::ceil_div(a.rows, rows_per_step),
+                                     std::numeric_limits<int32_t>::max());
+    if (cfg.persistent) {
+      const int occ = detail::blocks_per_sm(fn, cfg.block, 0);
+      grid = std::min<int64_t>(grid, int64_t(detail::sm_count()) * std::max(occ, 1));
+    }
     p.calls.push_back(
         detail::make_call(fn, dim3(grid), dim3(cfg.block), 0, "fwd_rows"));
   });

@@ -5,12 +5,15 @@
 
 namespace rmsnorm {
 
-// Row in registers. The grid is capped at what stays resident, so each group
-// of GROUP threads walks rows with a grid stride and loads w (any dtype, fp32
-// in registers) once for all of them. The many resident warps, each with
-// CHUNKS 16-byte loads in flight, hide the memory latency without staging.
-template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS>
+// Row in registers. Each group of GROUP threads takes ROWS = BLOCK / GROUP
+// rows a step and walks steps with a grid stride, loading w (any dtype, fp32
+// in registers) once for all of them. The grid is either what stays resident
+// (persistent plans) or a block per step. STAGES == 2 issues the loads of the
+// next step before reducing the current one, so a resident block keeps two
+// rows in flight instead of idling on each row's latency.
+template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES>
 __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
+  static_assert(STAGES == 1 || STAGES == 2, "one row, or one more loading");
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ROWS = BLOCK / GROUP;
   using XV = Vec<X, VEC>;
@@ -20,31 +23,30 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
   const int nvec = n / VEC;
   const int lane = threadIdx.x % GROUP;
   const int r = threadIdx.x / GROUP;
-
-  float w[CHUNKS][VEC];
-#pragma unroll
-  for (int j = 0; j < CHUNKS; ++j) {
-    int v = j * GROUP + lane;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k)
-      w[j][k] = v < nvec ? load_as_float(a.w, a.w_dtype, (int64_t)v * VEC + k)
-                         : 0.f;
-  }
-
   const int64_t stride = (int64_t)gridDim.x * ROWS;
-  // All threads of a block make the same number of steps (barriers inside
-  // group_sum when GROUP == BLOCK); rows past the end are masked.
-  for (int64_t base = (int64_t)blockIdx.x * ROWS; base < a.rows; base += stride) {
+  const int64_t first = (int64_t)blockIdx.x * ROWS;
+
+  auto load = [&](XV (&xv)[CHUNKS], int64_t base) {
+    const int64_t row = base + r;
+    if (row >= a.rows) return;
+    const XV* xr = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n);
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j) {
+      int v = j * GROUP + lane;
+      if (v < nvec) xv[j] = xr[v];
+    }
+  };
+  float w[CHUNKS][VEC];
+  // All threads of a block make the same steps (barriers inside group_sum
+  // when GROUP == BLOCK); rows past the end are masked.
+  auto finish = [&](const XV (&xv)[CHUNKS], int64_t base) {
     const int64_t row = base + r;
     const bool valid = row < a.rows;
-    const XV* xr = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n);
-    XV xv[CHUNKS];
     float2 sums = make_float2(0.f, 0.f);
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
       int v = j * GROUP + lane;
       if (valid && v < nvec) {
-        xv[j] = xr[v];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           float xf = to_float(xv[j].v[k]);
@@ -54,7 +56,7 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
     }
     sums = group_sum<GROUP, BLOCK>(sums, red);
     const float rstd = rsqrtf(sums.x / n + a.eps);
-    if (!valid) continue;
+    if (!valid) return;
     OV* yr = reinterpret_cast<OV*>(static_cast<O*>(a.y) + row * n);
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
@@ -66,6 +68,35 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
           out.v[k] = from_float<O>(to_float(xv[j].v[k]) * rstd * w[j][k]);
         yr[v] = out;
       }
+    }
+  };
+
+  // The first rows go out before w is read: w (from L2 after the first
+  // blocks) then arrives while x is in flight.
+  XV cur[CHUNKS], next[CHUNKS];
+  load(cur, first);
+#pragma unroll
+  for (int j = 0; j < CHUNKS; ++j) {
+    int v = j * GROUP + lane;
+#pragma unroll
+    for (int k = 0; k < VEC; ++k)
+      w[j][k] = v < nvec ? load_as_float(a.w, a.w_dtype, (int64_t)v * VEC + k)
+                         : 0.f;
+  }
+
+  if constexpr (STAGES == 1) {
+    for (int64_t base = first; base < a.rows; base += stride) {
+      if (base != first) load(cur, base);
+      finish(cur, base);
+    }
+  } else {
+    // Unrolled by two so that both buffers stay in registers.
+    for (int64_t base = first; base < a.rows; base += 2 * stride) {
+      load(next, base + stride);
+      finish(cur, base);
+      if (base + stride >= a.rows) break;
+      load(cur, base + 2 * stride);
+      finish(next, base + stride);
     }
   }
 }

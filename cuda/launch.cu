@@ -53,8 +53,20 @@ void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch) {
 cudaError_t launch(const Plan& plan, const void* args, cudaStream_t stream) {
   for (const KernelCall& c : plan.calls) {
     void* params[] = {const_cast<void*>(args)};
-    cudaError_t err = cudaLaunchKernel(c.host_fn, c.grid, c.block, params,
-                                       c.smem, stream);
+    cudaLaunchConfig_t config{};
+    config.gridDim = c.grid;
+    config.blockDim = c.block;
+    config.dynamicSmemBytes = c.smem;
+    config.stream = stream;
+    cudaLaunchAttribute cluster{};
+    if (c.cluster > 1) {
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = c.cluster;
+      cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+    }
+    cudaError_t err = cudaLaunchKernelExC(&config, c.host_fn, params);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
@@ -121,8 +133,35 @@ int blocks_per_sm(const void* host_fn, int block, unsigned smem) {
   return cache[key] = blocks;
 }
 
+int clusters_per_gpu(const void* host_fn, int block, unsigned smem,
+                     unsigned cluster) {
+  static std::map<std::tuple<int, const void*, int, unsigned, unsigned>, int> cache;
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  auto key = std::make_tuple(dev, host_fn, block, smem, cluster);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int clusters = 0;
+  if (smem <= static_cast<unsigned>(allow_dynamic_smem(dev, host_fn))) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(cluster);
+    config.blockDim = dim3(block);
+    config.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = cluster;
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    check(cudaOccupancyMaxActiveClusters(&clusters, host_fn, &config),
+          "cudaOccupancyMaxActiveClusters");
+  }
+  return cache[key] = clusters;
+}
+
 KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
-                     const char* name) {
+                     const char* name, unsigned cluster) {
   static std::map<std::pair<int, const void*>, cudaFunction_t> cache;
   int dev = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
@@ -139,7 +178,7 @@ KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
       fn = it->second;
     }
   }
-  return KernelCall{host_fn, fn, grid, block, smem, name};
+  return KernelCall{host_fn, fn, grid, block, smem, name, cluster};
 }
 
 }  // namespace detail

@@ -16,7 +16,14 @@
 //           computed on, stages - 1 in flight.
 //   bulk:   (backward) a step's rows arrive through the bulk copy engine
 //           (one thread issues them) instead of per-thread 16-byte copies.
+//   cluster: (backward) blocks of a thread-block cluster that split one row
+//           by columns (each block holds 1/cluster of it), for rows past
+//           one SM's shared memory.
+//   persistent: (forward) the grid is what stays resident and walks the
+//           rows; false: a block per step of rows, the hardware refills SMs.
 #pragma once
+
+#include <cstddef>
 
 namespace rmsnorm::plans {
 
@@ -25,9 +32,19 @@ struct RowPlan {
   int block;
   int group;
   int chunks;
-  int stages = 1;     // shared-memory stages of x and g (backward only)
+  int stages = 1;     // backward: shared-memory stages of x and g;
+                      // forward: rows in registers at once (next one loading)
   bool bulk = false;  // (backward) whole steps through the bulk copy engine
+  int cluster = 1;    // (backward) blocks that share a row
+  bool persistent = true;  // (forward) grid = resident blocks
 };
+
+// Dynamic shared memory of one persistent-backward block for rows of nvec
+// 16-byte vectors of x, g being g_per_x times as wide as x (1 or 2).
+inline std::size_t persistent_smem(const RowPlan& p, int nvec, int g_per_x) {
+  const std::size_t slice = (nvec + p.cluster - 1) / p.cluster;
+  return std::size_t(p.stages) * (p.block / p.group) * slice * 16 * (1 + g_per_x);
+}
 
 // Backward, persistent kernel (x and g staged in shared memory, gw partial in
 // fp32 registers). Register budget: per thread 2 * chunks * VEC floats (w and
@@ -35,7 +52,9 @@ struct RowPlan {
 // the block only up to 4 (64 live floats for bf16, ~100 registers) before
 // spilling. Shared memory per block is stages * rows/step * N * (sizeof x +
 // sizeof g): at N = 16384 bf16 two stages take 128 KiB (one block per SM);
-// beyond it the split plan takes over.
+// longer rows are split over a cluster of blocks, each holding the same
+// 16384-element slice (to N = 65536 bf16); beyond it the split plan takes
+// over.
 //
 // Entries are chosen with cuda/cli/tune_backward (H200, bf16, kernel alone,
 // CUDA events, % of our copy ceiling at the benchmark shapes; docs/NOTES.md
@@ -63,6 +82,8 @@ inline constexpr RowPlan kBackward[] = {
     {512, 256, 256, 2, 2},         // N <= 4096
     {1024, 512, 512, 2, 2, true},  // N <= 8192: the seed's shape
     {2048, 512, 512, 4, 2, true},  // N <= 16384
+    {4096, 512, 512, 4, 2, true, 2},  // N <= 32768: two SMs a row
+    {8192, 512, 512, 4, 2, true, 4},  // N <= 65536: four SMs a row
 };
 
 // Forward kernel (row in registers, w in fp32 registers, grid-stride over

@@ -4,7 +4,7 @@
 //
 // A call is planned in two steps:
 //   1. plan_forward / plan_backward pick the kernels from the launch-plan
-//      tables (cuda/plans.cu) and say how much fp32 scratch they need;
+//      tables (cuda/plans.h) and say how much fp32 scratch they need;
 //   2. the caller allocates that scratch, fills in the Args and records every
 //      KernelCall in order (each kernel takes the one Args struct by value).
 #pragma once
@@ -76,6 +76,8 @@ struct KernelCall {
   dim3 grid, block;
   unsigned smem;
   const char* name;
+  // Blocks per thread-block cluster (along x); 1 launches without clusters.
+  unsigned cluster = 1;
 };
 
 struct Plan {
@@ -99,6 +101,5 @@ void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch);
 // Launch a plan on a stream with <<<>>>-equivalent runtime calls (CLI).
 // `args` points at the FwdArgs, BwdArgs or CopyArgs the plan was made for.
 cudaError_t launch(const Plan& plan, const void* args, cudaStream_t stream);
-
 
 }  // namespace rmsnorm

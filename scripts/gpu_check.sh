@@ -5,6 +5,8 @@
 #   bash scripts/gpu_check.sh [steps...]   steps: build cli tune profile tests train
 #                                         transformer bench sanitize memory
 #                                         (default: build cli tests train transformer bench)
+# Env: TESTS (test paths, default tests), TRANSFORMER_PRECISIONS, SANITIZE_TOOLS,
+#      SANITIZE_TIMEOUT, PROFILE_MLX_ONLY.
 #
 # Installs the carried MLX CUDA wheels, builds the extension against them, then
 # runs the standalone CLI, the whole test suite (GPU-marked tests included) and
@@ -46,7 +48,7 @@ fi
 
 if has tune; then
   step tune
-  ./build/cuda/tune_backward 30 2>&1 | tee "$OUT/tune.log" || status=1
+  { ./build/cuda/tune_backward 30 && echo && ./build/cuda/tune_forward 30; } 2>&1 | tee "$OUT/tune.log" || status=1
 fi
 
 if has profile; then
@@ -84,9 +86,9 @@ if has tests; then
   xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
   # The bigmem tests (tens of GB each) run afterwards, alone on the GPU.
   MLX_RMSNORM_HYPOTHESIS_PROFILE=gpu \
-    python3 -m pytest -q -p no:cacheprovider -rfE $xdist -m "not bigmem" tests 2>&1 | tee "$OUT/tests.log" | tail -40
+    python3 -m pytest -q -p no:cacheprovider -rfE $xdist -m "not bigmem" ${TESTS:-tests} 2>&1 | tee "$OUT/tests.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  python3 -m pytest -q -p no:cacheprovider -rfE -m bigmem tests 2>&1 | tee -a "$OUT/tests.log" | tail -8
+  python3 -m pytest -q -p no:cacheprovider -rfE -m bigmem ${TESTS:-tests} 2>&1 | tee -a "$OUT/tests.log" | tail -8
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 

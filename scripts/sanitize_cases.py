@@ -15,7 +15,7 @@ import mlx_rmsnorm
 
 # Row lengths in elements around each table threshold (bf16: 8 per vector).
 NS = [1, 7, 31, 32, 33, 64, 65, 128, 129, 256, 257, 1000, 1024, 1025, 2048, 2880,
-      4096, 4099, 8192, 8193, 16384, 16392, 40000]
+      4096, 4099, 8192, 8193, 16384, 16392, 32768, 40000, 65536, 65544]
 PAIRS = [(mx.bfloat16, mx.bfloat16), (mx.float32, mx.float32), (mx.bfloat16, mx.float32),
          (mx.bfloat16, None)]  # float16 shares every code path with bfloat16
 

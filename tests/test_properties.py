@@ -29,7 +29,7 @@ MAX_ELEMS = 2_000_000 if PROFILE == "gpu" else 60_000
 
 # Row lengths at and around every table threshold (in elements: 8 per
 # 16-byte vector for 2-byte dtypes, 4 for float32) and past the tables.
-_EDGES = sorted({e * k + d for e in (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+_EDGES = sorted({e * k + d for e in (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
                  for k in (4, 8) for d in (-1, 0, 1, 8) if e * k + d > 0})
 DTYPES = [mx.float32, mx.float16, mx.bfloat16]
 

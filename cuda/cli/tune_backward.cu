@@ -28,8 +28,9 @@ namespace {
 using rmsnorm::plans::RowPlan;
 using X = __nv_bfloat16;
 
-// Candidates: {max_nvec, block, group, chunks, stages, bulk}. The first entry
-// for a row length is the reference the others are checked against.
+// Candidates: {max_nvec, block, group, chunks, stages, bulk, cluster}. The
+// first entry for a row length is the reference the others are checked
+// against.
 constexpr RowPlan kCandidates[] = {
     // N = 128 (16 vectors)
     {16, 256, 16, 1, 2, false}, {16, 256, 16, 1, 2, true}, {16, 128, 16, 1, 2, true},
@@ -49,6 +50,11 @@ constexpr RowPlan kCandidates[] = {
     // N = 16384 (2048)
     {2048, 512, 512, 4, 2, false}, {2048, 512, 512, 4, 2, true},
     {2048, 1024, 1024, 2, 2, true},
+    // N = 32768 (4096): a row over a cluster of 2 or 4 blocks
+    {4096, 512, 512, 4, 2, true, 2}, {4096, 512, 512, 4, 2, false, 2},
+    {4096, 512, 512, 2, 2, true, 4}, {4096, 256, 256, 4, 2, true, 4},
+    // N = 65536 (8192)
+    {8192, 512, 512, 4, 2, true, 4}, {8192, 512, 512, 2, 2, true, 8},
 };
 constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
 
@@ -57,7 +63,7 @@ const void* kernel_of(int i, std::index_sequence<I...>) {
   static const void* const kernels[] = {reinterpret_cast<const void*>(
       &rmsnorm::bwd_persistent<X, X, kCandidates[I].block, kCandidates[I].group,
                                kCandidates[I].chunks, kCandidates[I].stages,
-                               kCandidates[I].bulk>)...};
+                               kCandidates[I].bulk, kCandidates[I].cluster>)...};
   return kernels[i];
 }
 
@@ -78,11 +84,12 @@ int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 30;
   const std::pair<int64_t, int> shapes[] = {
       {262144, 128}, {65536, 1024}, {32768, 2048}, {16384, 2880},
-      {16384, 4096}, {16384, 8192}, {4096, 8192},  {8192, 16384}};
+      {16384, 4096}, {16384, 8192}, {4096, 8192},  {8192, 16384},
+      {4096, 32768}, {2048, 65536}};
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   std::printf("%-12s %-26s %5s %5s %9s %7s %7s %s\n", "shape", "candidate", "grid",
-              "occ", "us", "GB/s", "% ceil", "check vs first");
+              "units", "us", "GB/s", "% ceil", "check vs first");
   int status = 0;
   for (auto [m, n] : shapes) {
     const size_t count = size_t(m) * n;
@@ -117,26 +124,46 @@ int main(int argc, char** argv) {
       if (p.max_nvec < nvec || p.max_nvec >= 2 * nvec) continue;
       const void* fn = kernel_of(i, std::make_index_sequence<kCount>{});
       const int rows_per_step = p.block / p.group;
-      const size_t smem = size_t(p.stages) * rows_per_step * nvec * 32;
+      const size_t smem = rmsnorm::plans::persistent_smem(p, nvec, 1);
       CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+      // Resident units (blocks, or clusters of p.cluster blocks), as the
+      // planner counts them.
       int occ = 0;
-      CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, p.block, smem));
+      if (p.cluster > 1) {
+        cudaLaunchConfig_t config{};
+        config.gridDim = dim3(p.cluster);
+        config.blockDim = dim3(p.block);
+        config.dynamicSmemBytes = smem;
+        cudaLaunchAttribute attr{};
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim = {unsigned(p.cluster), 1, 1};
+        config.attrs = &attr;
+        config.numAttrs = 1;
+        CHECK(cudaOccupancyMaxActiveClusters(&occ, fn, &config));
+      } else {
+        CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, p.block, smem));
+        occ *= sms;
+      }
+      char name[48];
+      std::snprintf(name, sizeof name, "{%d,%d,%d,%d,%s,x%d}", p.block, p.group, p.chunks,
+                    p.stages, p.bulk ? "bulk" : "async", p.cluster);
       if (occ == 0) {
-        std::printf("%-12s {%d,%d,%d,%d,%s} does not fit\n", "", p.block, p.group, p.chunks,
-                    p.stages, p.bulk ? "bulk" : "async");
+        std::printf("%-12s %s does not fit\n", "", name);
         continue;
       }
-      const int64_t grid = std::min<int64_t>(int64_t(sms) * occ, (m + rows_per_step - 1) / rows_per_step);
+      const int64_t units = std::min<int64_t>(occ, (m + rows_per_step - 1) / rows_per_step);
+      const int64_t grid = units * p.cluster;
       rmsnorm::BwdArgs a{};
       a.x = x; a.w = w; a.g = g; a.gx = gx; a.gw = gw;
       a.partials = partials;
       a.rows = m; a.n = n; a.eps = 1e-5f;
       a.x_dtype = a.w_dtype = a.g_dtype = rmsnorm::DType::BF16;
-      a.partial_rows = int(grid);
-      void* params[] = {&a};
-      auto run = [&] {
-        CHECK(cudaLaunchKernel(fn, dim3(grid), dim3(p.block), params, smem, 0));
-      };
+      a.partial_rows = int(units);
+      rmsnorm::Plan plan;
+      plan.calls.push_back(rmsnorm::KernelCall{fn, nullptr, dim3(grid), dim3(p.block),
+                                               unsigned(smem), "bwd_persistent",
+                                               unsigned(p.cluster)});
+      auto run = [&] { CHECK(rmsnorm::launch(plan, &a, 0)); };
       const double us = cli::median_us(iters, run);
       CHECK(cudaMemset(gx, 0xff, count * 2));
       run();
@@ -144,9 +171,6 @@ int main(int argc, char** argv) {
       CHECK(cudaDeviceSynchronize());
       auto hx = cli::to_host(gx, count);
       auto hw = cli::to_host(gw, n);
-      char name[48];
-      std::snprintf(name, sizeof name, "{%d,%d,%d,%d,%s}", p.block, p.group, p.chunks,
-                    p.stages, p.bulk ? "bulk" : "async");
       char check[48] = "reference";
       if (ref_gx.empty()) {
         ref_gx = hx;
@@ -157,7 +181,8 @@ int main(int argc, char** argv) {
         std::snprintf(check, sizeof check, "gx %.1e gw %.1e %s", dx, dw, ok ? "ok" : "DIFFER");
         if (!ok) status = 1;
       }
-      std::printf("%-12s %-26s %5lld %5d %9.1f %7.0f %7.1f %s\n", "", name, (long long)grid, occ,
+      std::printf("%-12s %-26s %5lld %5lld %9.1f %7.0f %7.1f %s\n", "", name, (long long)grid,
+                  (long long)units,
                   us, bytes / us / 1e3, 100.0 * ceil_us / us, check);
     }
     for (void* p : {(void*)x, (void*)g, (void*)gx, (void*)out, (void*)w, (void*)gw, (void*)partials})
