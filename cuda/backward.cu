@@ -24,7 +24,7 @@ const void* persistent_kernel(int row, std::index_sequence<I...>) {
 // A call that adds the gw partial rows (partials) into gw, cast to w's dtype.
 KernelCall final_colsum(int n) {
   return make_call(reinterpret_cast<const void*>(&colsum<float, true>),
-                   dim3(ceil_div(n, 32), 1), dim3(32, 8), 0, "colsum_f32");
+                   dim3(ceil_div(n, 32), 1), dim3(32, kColsumLanes), 0, "colsum_f32");
 }
 
 // Persistent plan; false when the row does not fit (then Split is used).
@@ -111,7 +111,7 @@ void plan_naive(const BwdArgs& a, Plan& p) {
   p.scratch_bytes =
       p.partials_offset + detail::align_up(sizeof(float) * splits * a.n);
   p.calls.push_back(make_call(reinterpret_cast<const void*>(&colsum<X, false>),
-                              dim3(ceil_div(a.n, 32), splits), dim3(32, 8), 0,
+                              dim3(ceil_div(a.n, 32), splits), dim3(32, kColsumLanes), 0,
                               "colsum_rows"));
   p.calls.push_back(final_colsum(a.n));
 }

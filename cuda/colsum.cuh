@@ -6,14 +6,18 @@
 
 namespace rmsnorm {
 
-// A block owns 32 columns (threadIdx.x, coalesced) and 8 row lanes
-// (threadIdx.y) that stride down the rows of its slice; the lanes are then
-// added 0..7 through shared memory.
+// A block owns 32 columns (threadIdx.x, coalesced) and kColsumLanes row
+// lanes (threadIdx.y) that stride down the rows of its slice; the lanes are
+// then added 0, 1, ... through shared memory. Many lanes, each with several
+// loads in flight: at small N there are only a few blocks (4 at N = 128) and
+// over a thousand partial rows, so the walk down the rows is latency-bound.
 //   FINAL:  partials (partial_rows x n, fp32) -> gw (n, w_dtype); grid.y == 1.
 //  !FINAL:  the naive chain's M x n rows (x dtype) -> partials, grid.y slices.
+inline constexpr int kColsumLanes = 32;
+
 template <typename S, bool FINAL>
-__global__ void __launch_bounds__(256) colsum(const BwdArgs a) {
-  __shared__ float lanes[8][33];
+__global__ void __launch_bounds__(32 * kColsumLanes) colsum(const BwdArgs a) {
+  __shared__ float lanes[kColsumLanes][33];
   const int n = a.n;
   const int col = blockIdx.x * 32 + threadIdx.x;
   const S* in = FINAL ? reinterpret_cast<const S*>(a.partials)
@@ -25,7 +29,8 @@ __global__ void __launch_bounds__(256) colsum(const BwdArgs a) {
 
   float s = 0.f;
   if (col < n) {
-    for (int64_t row = begin + threadIdx.y; row < end; row += 8)
+#pragma unroll 4
+    for (int64_t row = begin + threadIdx.y; row < end; row += kColsumLanes)
       s += to_float(in[row * n + col]);
   }
   lanes[threadIdx.y][threadIdx.x] = s;
@@ -33,7 +38,7 @@ __global__ void __launch_bounds__(256) colsum(const BwdArgs a) {
   if (threadIdx.y == 0 && col < n) {
     float total = 0.f;
 #pragma unroll
-    for (int y = 0; y < 8; ++y) total += lanes[y][threadIdx.x];
+    for (int y = 0; y < kColsumLanes; ++y) total += lanes[y][threadIdx.x];
     if constexpr (FINAL) {
       store_from_float(a.gw, a.w_dtype, col, total);
     } else {

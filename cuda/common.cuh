@@ -79,6 +79,36 @@ struct alignas(sizeof(T) * VEC < 16 ? sizeof(T) * VEC : 16) Vec {
   T v[VEC];
 };
 
+template <typename T, int VEC>
+__device__ __forceinline__ void load_vec_as_float(const void* p, int64_t v,
+                                                  float (&out)[VEC]) {
+  const Vec<T, VEC> vec = static_cast<const Vec<T, VEC>*>(p)[v];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) out[k] = to_float(vec.v[k]);
+}
+
+// Elements [v * VEC, v * VEC + VEC) of the weight as floats: one access of
+// VEC elements (two 16-byte loads for fp32 beside a 2-byte x) when `aligned`
+// (the weight's base is 16-byte aligned), else element by element. Used by
+// kernels that read w once per row rather than once per block.
+template <int VEC>
+__device__ __forceinline__ void load_w(const void* w, DType t, int64_t v,
+                                       bool aligned, float (&out)[VEC]) {
+  if (!aligned || t == DType::None) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) out[k] = load_as_float(w, t, v * VEC + k);
+    return;
+  }
+  switch (t) {
+    case DType::F32:
+      return load_vec_as_float<float, VEC>(w, v, out);
+    case DType::F16:
+      return load_vec_as_float<__half, VEC>(w, v, out);
+    default:
+      return load_vec_as_float<__nv_bfloat16, VEC>(w, v, out);
+  }
+}
+
 // Copy one Vec global -> shared without staging through registers where the
 // hardware can (4, 8 or 16-byte pieces); narrower vectors fall back to a plain
 // copy, which is still correct inside the pipeline, only not overlapped.

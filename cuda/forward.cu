@@ -15,7 +15,8 @@ template <typename X, typename O, std::size_t... I>
 const void* rows_kernel(int row, std::index_sequence<I...>) {
   static const void* const kernels[] = {reinterpret_cast<const void*>(
       &fwd_rows<X, O, kForward[I].block, kForward[I].group,
-                kForward[I].chunks, kForward[I].stages>)...};
+                kForward[I].chunks, kForward[I].stages,
+                kForward[I].persistent>)...};
   return kernels[row];
 }
 

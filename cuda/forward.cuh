@@ -6,16 +6,23 @@
 namespace rmsnorm {
 
 // Row in registers. Each group of GROUP threads takes ROWS = BLOCK / GROUP
-// rows a step and walks steps with a grid stride, loading w (any dtype, fp32
-// in registers) once for all of them. The grid is either what stays resident
-// (persistent plans) or a block per step. STAGES == 2 issues the loads of the
-// next step before reducing the current one, so a resident block keeps two
-// rows in flight instead of idling on each row's latency.
-template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES>
+// rows a step; blocks walk steps with a grid stride.
+//
+// PERSISTENT: the grid is what stays resident, and w (any dtype) is read
+// once into fp32 registers for all the block's rows. STAGES == 2 issues the
+// loads of the next step before reducing the current one, so a block keeps
+// two rows in flight instead of idling on each row's latency.
+// !PERSISTENT: a block per step; w is read after the reduction (from L2, in
+// its own dtype, vectorized), which keeps registers low, so many small
+// blocks are resident and many more rows' loads are in flight. At mid N
+// this moves more bytes at once than w in registers allows.
+template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
+          bool PERSISTENT>
 __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
   static_assert(STAGES == 1 || STAGES == 2, "one row, or one more loading");
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ROWS = BLOCK / GROUP;
+  constexpr int W_REGS = PERSISTENT ? CHUNKS : 1;  // fp32 w kept for the walk
   using XV = Vec<X, VEC>;
   using OV = Vec<O, VEC>;
   __shared__ float2 red[32];
@@ -25,6 +32,7 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
   const int r = threadIdx.x / GROUP;
   const int64_t stride = (int64_t)gridDim.x * ROWS;
   const int64_t first = (int64_t)blockIdx.x * ROWS;
+  const bool w_aligned = reinterpret_cast<uintptr_t>(a.w) % 16 == 0;
 
   auto load = [&](XV (&xv)[CHUNKS], int64_t base) {
     const int64_t row = base + r;
@@ -36,7 +44,7 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
       if (v < nvec) xv[j] = xr[v];
     }
   };
-  float w[CHUNKS][VEC];
+  float w[W_REGS][VEC];
   // All threads of a block make the same steps (barriers inside group_sum
   // when GROUP == BLOCK); rows past the end are masked.
   auto finish = [&](const XV (&xv)[CHUNKS], int64_t base) {
@@ -62,10 +70,12 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
     for (int j = 0; j < CHUNKS; ++j) {
       int v = j * GROUP + lane;
       if (v < nvec) {
+        float(&wj)[VEC] = w[PERSISTENT ? j : 0];
+        if constexpr (!PERSISTENT) load_w(a.w, a.w_dtype, v, w_aligned, wj);
         OV out;
 #pragma unroll
         for (int k = 0; k < VEC; ++k)
-          out.v[k] = from_float<O>(to_float(xv[j].v[k]) * rstd * w[j][k]);
+          out.v[k] = from_float<O>(to_float(xv[j].v[k]) * rstd * wj[k]);
         yr[v] = out;
       }
     }
@@ -75,13 +85,12 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
   // blocks) then arrives while x is in flight.
   XV cur[CHUNKS], next[CHUNKS];
   load(cur, first);
+  if constexpr (PERSISTENT) {
 #pragma unroll
-  for (int j = 0; j < CHUNKS; ++j) {
-    int v = j * GROUP + lane;
-#pragma unroll
-    for (int k = 0; k < VEC; ++k)
-      w[j][k] = v < nvec ? load_as_float(a.w, a.w_dtype, (int64_t)v * VEC + k)
-                         : 0.f;
+    for (int j = 0; j < CHUNKS; ++j) {
+      int v = j * GROUP + lane;
+      if (v < nvec) load_w(a.w, a.w_dtype, v, w_aligned, w[j]);
+    }
   }
 
   if constexpr (STAGES == 1) {

@@ -82,7 +82,7 @@ inline constexpr RowPlan kBackward[] = {
     {512, 256, 256, 2, 2},         // N <= 4096
     {1024, 512, 512, 2, 2, true},  // N <= 8192: the seed's shape
     {2048, 512, 512, 4, 2, true},  // N <= 16384
-    {4096, 512, 512, 4, 2, true, 2},  // N <= 32768: two SMs a row
+    {4096, 512, 512, 4, 2, false, 2},  // N <= 32768: two SMs a row
     {8192, 512, 512, 4, 2, true, 4},  // N <= 65536: four SMs a row
 };
 

@@ -24,33 +24,33 @@ using rmsnorm::plans::RowPlan;
 using X = __nv_bfloat16;
 
 // Candidates: {max_nvec, block, group, chunks, stages, -, -, persistent}.
-// stages 2 keeps the next rows loading while a step reduces; persistent
-// false launches a block per step of rows.
+// stages 2 keeps the next rows loading while a step reduces (persistent
+// only); persistent false launches a block per step of rows, w read late.
 constexpr bool P = true, B = false;  // persistent grid, or a block per step
 constexpr RowPlan kCandidates[] = {
     // N = 128 (16 vectors)
     {16, 256, 16, 1, 1, false, 1, P}, {16, 256, 16, 1, 2, false, 1, P},
-    {16, 256, 16, 1, 1, false, 1, B}, {16, 128, 16, 1, 2, false, 1, P},
+    {16, 128, 16, 1, 1, false, 1, B}, {16, 256, 16, 1, 1, false, 1, B},
     // N = 1024 (128)
-    {128, 256, 32, 4, 1, false, 1, P}, {128, 256, 32, 4, 2, false, 1, P},
-    {128, 256, 32, 4, 1, false, 1, B}, {128, 128, 128, 1, 1, false, 1, B},
-    {128, 128, 128, 1, 2, false, 1, P},
+    {128, 256, 32, 4, 1, false, 1, P}, {128, 128, 128, 1, 2, false, 1, P},
+    {128, 128, 128, 1, 1, false, 1, B}, {128, 64, 64, 2, 1, false, 1, B},
+    {128, 128, 32, 4, 1, false, 1, B},
     // N = 2048 (256)
-    {256, 256, 256, 1, 1, false, 1, P}, {256, 256, 256, 1, 2, false, 1, P},
-    {256, 256, 256, 1, 1, false, 1, B}, {256, 128, 128, 2, 1, false, 1, B},
-    {256, 128, 128, 2, 2, false, 1, P},
+    {256, 256, 256, 1, 1, false, 1, P}, {256, 128, 128, 2, 2, false, 1, P},
+    {256, 128, 128, 2, 1, false, 1, B}, {256, 64, 64, 4, 1, false, 1, B},
+    {256, 256, 256, 1, 1, false, 1, B},
     // N = 2880 (360) and 4096 (512)
-    {512, 256, 256, 2, 1, false, 1, P}, {512, 256, 256, 2, 2, false, 1, P},
-    {512, 256, 256, 2, 1, false, 1, B}, {512, 128, 128, 4, 1, false, 1, B},
-    {512, 128, 128, 4, 2, false, 1, P}, {384, 128, 128, 3, 1, false, 1, B},
-    {384, 128, 128, 3, 2, false, 1, P},
+    {512, 256, 256, 2, 1, false, 1, P}, {512, 128, 128, 4, 2, false, 1, P},
+    {512, 128, 128, 4, 1, false, 1, B}, {512, 256, 256, 2, 1, false, 1, B},
+    {384, 128, 128, 3, 1, false, 1, B}, {384, 128, 128, 3, 2, false, 1, P},
     // N = 8192 (1024)
-    {1024, 256, 256, 4, 1, false, 1, P}, {1024, 256, 256, 4, 2, false, 1, P},
-    {1024, 256, 256, 4, 1, false, 1, B}, {1024, 512, 512, 2, 1, false, 1, B},
-    {1024, 512, 512, 2, 2, false, 1, P}, {1024, 128, 128, 8, 1, false, 1, B},
+    {1024, 256, 256, 4, 1, false, 1, P}, {1024, 512, 512, 2, 2, false, 1, P},
+    {1024, 128, 128, 8, 1, false, 1, B}, {1024, 256, 256, 4, 1, false, 1, B},
+    {1024, 512, 512, 2, 1, false, 1, B},
     // N = 16384 (2048)
     {2048, 512, 512, 4, 1, false, 1, P}, {2048, 512, 512, 4, 2, false, 1, P},
-    {2048, 512, 512, 4, 1, false, 1, B}, {2048, 1024, 1024, 2, 1, false, 1, B},
+    {2048, 256, 256, 8, 1, false, 1, B}, {2048, 512, 512, 4, 1, false, 1, B},
+    {2048, 1024, 1024, 2, 1, false, 1, B},
 };
 constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
 
@@ -58,7 +58,8 @@ template <std::size_t... I>
 const void* kernel_of(int i, std::index_sequence<I...>) {
   static const void* const kernels[] = {reinterpret_cast<const void*>(
       &rmsnorm::fwd_rows<X, X, kCandidates[I].block, kCandidates[I].group,
-                         kCandidates[I].chunks, kCandidates[I].stages>)...};
+                         kCandidates[I].chunks, kCandidates[I].stages,
+                         kCandidates[I].persistent>)...};
   return kernels[i];
 }
 
