@@ -83,18 +83,39 @@ inline constexpr RowPlan kBackward[] = {
     {1024, 512, 512, 2, 2, true},  // N <= 8192: the seed's shape
     {2048, 512, 512, 4, 2, true},  // N <= 16384
     {4096, 512, 512, 4, 2, false, 2},  // N <= 32768: two SMs a row
-    {8192, 512, 512, 4, 2, true, 4},  // N <= 65536: four SMs a row
+    {8192, 512, 512, 4, 2, false, 4},  // N <= 65536: four SMs a row
 };
 
-// Forward kernel (row in registers, w in fp32 registers, grid-stride over
-// rows with enough resident warps to hide the loads). A 1024-thread row of 4
-// chunks would need more than the 64 registers such a block may use (ptxas
-// spills 420 bytes), so the table stops at N = 16384 bf16.
+// Forward (row in registers; see fwd_rows). Chosen with cuda/cli/tune_forward
+// (H200, bf16, kernel alone, % of a device-to-device copy of x):
+// - Up to N = 512 a persistent grid with w in fp32 registers (262144x128:
+//   42.9 us, 93% of the copy; a block per step 44.5). Short rows make many
+//   steps, and reading w once per block saves a weight load per row.
+// - From N = 1024 a block per row, small blocks, w read after the reduction
+//   (96-101% of the copy: 65536x1024 70.5 us, 32768x2048 69.7, 16384x2880
+//   51.9, 16384x8192 137.8, 8192x16384 135.2), against 61-87% for the
+//   persistent grid: w in registers caps residency (2 blocks of 256 a SM at
+//   N = 8192), so too few bytes are in flight, and a block that finishes a
+//   row idles until its next row arrives (two rows in flight, stages 2, won
+//   back only a few percent).
+// - N <= 32768: a 1024-thread block per row, 4 chunks a thread. Such a
+//   block gets 64 registers a thread: x fits, w in registers would not (the
+//   persistent kernel), nor would 8 chunks (ptxas spills 184 bytes), so
+//   longer rows go to the looped kernel.
+// Fields: {max_nvec, block, group, chunks, stages, -, -, persistent}.
+constexpr bool kPersistent = true, kPerStep = false;
 inline constexpr RowPlan kForward[] = {
-    {4, 128, 4, 1},     {8, 128, 8, 1},     {16, 256, 16, 1},
-    {32, 256, 32, 1},   {64, 256, 32, 2},   {128, 256, 32, 4},
-    {256, 256, 256, 1}, {512, 256, 256, 2}, {1024, 256, 256, 4},
-    {2048, 512, 512, 4},
+    {4, 128, 4, 1, 1, false, 1, kPersistent},      // N <= 32 bf16
+    {8, 128, 8, 1, 1, false, 1, kPersistent},      // N <= 64
+    {16, 256, 16, 1, 1, false, 1, kPersistent},    // N <= 128
+    {32, 256, 32, 1, 1, false, 1, kPersistent},    // N <= 256
+    {64, 256, 32, 2, 1, false, 1, kPersistent},    // N <= 512
+    {128, 64, 64, 2, 1, false, 1, kPerStep},       // N <= 1024
+    {256, 128, 128, 2, 1, false, 1, kPerStep},     // N <= 2048
+    {512, 128, 128, 4, 1, false, 1, kPerStep},     // N <= 4096
+    {1024, 256, 256, 4, 1, false, 1, kPerStep},    // N <= 8192
+    {2048, 512, 512, 4, 1, false, 1, kPerStep},    // N <= 16384
+    {4096, 1024, 1024, 4, 1, false, 1, kPerStep},  // N <= 32768
 };
 
 // Fallbacks (any N, any alignment; VEC = 1 when N or a pointer is not 16-byte

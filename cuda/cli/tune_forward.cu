@@ -31,6 +31,11 @@ constexpr RowPlan kCandidates[] = {
     // N = 128 (16 vectors)
     {16, 256, 16, 1, 1, false, 1, P}, {16, 256, 16, 1, 2, false, 1, P},
     {16, 128, 16, 1, 1, false, 1, B}, {16, 256, 16, 1, 1, false, 1, B},
+    // N = 256 (32) and 512 (64)
+    {32, 256, 32, 1, 1, false, 1, P}, {32, 128, 32, 1, 1, false, 1, B},
+    {32, 64, 32, 1, 1, false, 1, B},
+    {64, 256, 32, 2, 1, false, 1, P}, {64, 128, 32, 2, 1, false, 1, B},
+    {64, 64, 64, 1, 1, false, 1, B},
     // N = 1024 (128)
     {128, 256, 32, 4, 1, false, 1, P}, {128, 128, 128, 1, 2, false, 1, P},
     {128, 128, 128, 1, 1, false, 1, B}, {128, 64, 64, 2, 1, false, 1, B},
@@ -51,6 +56,8 @@ constexpr RowPlan kCandidates[] = {
     {2048, 512, 512, 4, 1, false, 1, P}, {2048, 512, 512, 4, 2, false, 1, P},
     {2048, 256, 256, 8, 1, false, 1, B}, {2048, 512, 512, 4, 1, false, 1, B},
     {2048, 1024, 1024, 2, 1, false, 1, B},
+    // N = 32768 (4096)
+    {4096, 1024, 1024, 4, 1, false, 1, B}, {4096, 512, 512, 8, 1, false, 1, B},
 };
 constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
 
@@ -79,8 +86,9 @@ __global__ void fill(X* p, int64_t count, unsigned seed) {
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 30;
   const std::pair<int64_t, int> shapes[] = {
-      {262144, 128}, {65536, 1024}, {32768, 2048}, {16384, 2880},
-      {16384, 4096}, {16384, 8192}, {4096, 8192},  {8192, 16384}};
+      {262144, 128}, {131072, 256}, {65536, 512},  {65536, 1024},
+      {32768, 2048}, {16384, 2880}, {16384, 4096}, {16384, 8192},
+      {4096, 8192},  {8192, 16384}, {4096, 32768}};
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   std::printf("%-12s %-24s %6s %9s %7s %7s %s\n", "shape", "candidate", "grid", "us",
