@@ -21,11 +21,21 @@ const void* persistent_kernel(int row, std::index_sequence<I...>) {
   return kernels[row];
 }
 
-// A call that adds the gw partial rows (partials) into gw, cast to w's dtype.
-KernelCall final_colsum(int n) {
-  return make_call(reinterpret_cast<const void*>(&colsum<float, true>),
-                   dim3(ceil_div(n, 32), 1), dim3(32, kColsumLanes), 0, "colsum_f32");
+// A colsum launch over n columns and `slices` row slices (grid.y), with
+// narrow or wide blocks by n (plans::kColsumNarrowBelow).
+template <typename S, bool FINAL>
+KernelCall colsum_call(int n, int slices, const char* name) {
+  auto call = [&](auto cols) {
+    constexpr int kCols = decltype(cols)::value;
+    return make_call(reinterpret_cast<const void*>(&colsum<S, FINAL, kCols>),
+                     dim3(ceil_div(n, kCols), slices), dim3(kCols, 1024 / kCols), 0,
+                     name);
+  };
+  return n < plans::kColsumNarrowBelow ? call(std::integral_constant<int, 8>{})
+                                       : call(std::integral_constant<int, 32>{});
 }
+
+KernelCall final_colsum(int n) { return colsum_call<float, true>(n, 1, "colsum_f32"); }
 
 // Persistent plan; false when the row does not fit (then Split is used).
 template <typename X, typename G>
@@ -110,9 +120,7 @@ void plan_naive(const BwdArgs& a, Plan& p) {
   p.partial_rows = splits;
   p.scratch_bytes =
       p.partials_offset + detail::align_up(sizeof(float) * splits * a.n);
-  p.calls.push_back(make_call(reinterpret_cast<const void*>(&colsum<X, false>),
-                              dim3(ceil_div(a.n, 32), splits), dim3(32, kColsumLanes), 0,
-                              "colsum_rows"));
+  p.calls.push_back(colsum_call<X, false>(a.n, splits, "colsum_rows"));
   p.calls.push_back(final_colsum(a.n));
 }
 

@@ -6,20 +6,20 @@
 
 namespace rmsnorm {
 
-// A block owns 32 columns (threadIdx.x, coalesced) and kColsumLanes row
-// lanes (threadIdx.y) that stride down the rows of its slice; the lanes are
-// then added 0, 1, ... through shared memory. Many lanes, each with several
-// loads in flight: at small N there are only a few blocks (4 at N = 128) and
-// over a thousand partial rows, so the walk down the rows is latency-bound.
+// A 1024-thread block owns COLS columns (threadIdx.x, coalesced) and
+// 1024 / COLS row lanes (threadIdx.y) that stride down the rows of its slice,
+// several loads in flight each; the lanes are then added pairwise in a fixed
+// tree through shared memory. The walk down the rows is latency-bound when
+// there are few columns and many partial rows (N = 128: over a thousand), so
+// narrow blocks (COLS = 8) give such sums more blocks and shorter walks.
 //   FINAL:  partials (partial_rows x n, fp32) -> gw (n, w_dtype); grid.y == 1.
 //  !FINAL:  the naive chain's M x n rows (x dtype) -> partials, grid.y slices.
-inline constexpr int kColsumLanes = 32;
-
-template <typename S, bool FINAL>
-__global__ void __launch_bounds__(32 * kColsumLanes) colsum(const BwdArgs a) {
-  __shared__ float lanes[kColsumLanes][33];
+template <typename S, bool FINAL, int COLS>
+__global__ void __launch_bounds__(1024) colsum(const BwdArgs a) {
+  constexpr int LANES = 1024 / COLS;
+  __shared__ float lanes[LANES][COLS + 1];
   const int n = a.n;
-  const int col = blockIdx.x * 32 + threadIdx.x;
+  const int col = blockIdx.x * COLS + threadIdx.x;
   const S* in = FINAL ? reinterpret_cast<const S*>(a.partials)
                       : static_cast<const S*>(a.naive_rows);
   const int64_t rows = FINAL ? a.partial_rows : a.rows;
@@ -30,15 +30,18 @@ __global__ void __launch_bounds__(32 * kColsumLanes) colsum(const BwdArgs a) {
   float s = 0.f;
   if (col < n) {
 #pragma unroll 4
-    for (int64_t row = begin + threadIdx.y; row < end; row += kColsumLanes)
+    for (int64_t row = begin + threadIdx.y; row < end; row += LANES)
       s += to_float(in[row * n + col]);
   }
   lanes[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
-  if (threadIdx.y == 0 && col < n) {
-    float total = 0.f;
 #pragma unroll
-    for (int y = 0; y < kColsumLanes; ++y) total += lanes[y][threadIdx.x];
+  for (int half = LANES / 2; half > 0; half /= 2) {
+    if (threadIdx.y < half) lanes[threadIdx.y][threadIdx.x] += lanes[threadIdx.y + half][threadIdx.x];
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && col < n) {
+    const float total = lanes[0][threadIdx.x];
     if constexpr (FINAL) {
       store_from_float(a.gw, a.w_dtype, col, total);
     } else {

@@ -127,5 +127,8 @@ inline constexpr int kNaiveSplits = 64;   // seed: M -> 64 partial rows -> 1
 // 8 row lanes; enough row splits that about this many blocks fill the GPU.
 inline constexpr int kSplitStatsBlock = 512;
 inline constexpr int kSplitBlocksPerSM = 8;
+// Column sums of the gw partials (colsum.cuh): rows shorter than this use
+// blocks of 8 columns by 128 row lanes, longer ones 32 by 32.
+inline constexpr int kColsumNarrowBelow = 4096;
 
 }  // namespace rmsnorm::plans

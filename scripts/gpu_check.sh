@@ -120,8 +120,10 @@ fi
 if has sanitize; then
   step sanitize
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
+    start=$SECONDS
     timeout ${SANITIZE_TIMEOUT:-170} compute-sanitizer --tool $tool --print-limit 20 python3 scripts/sanitize_cases.py 2>&1 \
       | tail -4 | sed "s/^/[$tool] /"
+    echo "[$tool] $((SECONDS - start)) s (limit ${SANITIZE_TIMEOUT:-170} s)"
   done | tee "$OUT/sanitize.log"
 fi
 
