@@ -34,58 +34,64 @@ bool use_mlx_allocator() {
   return mlx;
 }
 
-std::mutex mutex;
-std::map<int, cudaMemPool_t> pools;
+struct Pool {
+  cudaMemPool_t pool = nullptr;
+  cudaStream_t stream = nullptr;  // orders our allocations and frees only
+};
 
-cudaMemPool_t pool_for(int device) {
+std::mutex mutex;
+std::map<int, Pool> pools;
+
+Pool& pool_for(int device) {
   std::lock_guard<std::mutex> lock(mutex);
-  cudaMemPool_t& pool = pools[device];
-  if (pool == nullptr) {
+  Pool& p = pools[device];
+  if (p.pool == nullptr) {
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = device;
-    check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
+    check(cudaMemPoolCreate(&p.pool, &props), "cudaMemPoolCreate");
     // Keep freed memory for the next step instead of returning it to the
     // driver at every synchronization (the default threshold is 0).
     std::uint64_t keep = UINT64_MAX;
-    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+    check(cudaMemPoolSetAttribute(p.pool, cudaMemPoolAttrReleaseThreshold, &keep),
           "cudaMemPoolSetAttribute");
+    check(cudaStreamCreateWithFlags(&p.stream, cudaStreamNonBlocking),
+          "cudaStreamCreate");
   }
-  return pool;
+  return p;
 }
 
-// Stream-ordered on MLX's stream: the graph that uses the memory is launched
-// on that stream after this call, and a free there (below) is ordered after
-// everything launched before it, so the pool may hand the memory out again
-// on that stream at once, and the host never waits.
-void* pool_malloc(cudaMemPool_t pool, size_t bytes, cudaStream_t stream) {
+void* pool_malloc(Pool& p, size_t bytes) {
   void* ptr = nullptr;
-  cudaError_t err = cudaMallocFromPoolAsync(&ptr, bytes, pool, stream);
+  cudaError_t err = cudaMallocFromPoolAsync(&ptr, bytes, p.pool, p.stream);
   if (err == cudaErrorMemoryAllocation) {
     // MLX's cache may hold what we need: let it go and try once more.
     cudaGetLastError();
     mx::clear_cache();
-    err = cudaMallocFromPoolAsync(&ptr, bytes, pool, stream);
+    err = cudaMallocFromPoolAsync(&ptr, bytes, p.pool, p.stream);
   }
   check(err, ("allocating " + std::to_string(bytes) + " bytes of GPU memory").c_str());
+  // The memory is usable on MLX's stream once our stream has handed it out.
+  check(cudaStreamSynchronize(p.stream), "cudaStreamSynchronize");
   return ptr;
 }
 
 }  // namespace
 
-void allocate_device(mx::array& a, int device, void* stream_handle) {
+void allocate_device(mx::array& a, int device) {
   if (use_mlx_allocator() || a.nbytes() == 0) {
     a.set_data(mx::allocator::malloc(a.nbytes()));
     return;
   }
-  auto stream = static_cast<cudaStream_t>(stream_handle);
-  void* ptr = pool_malloc(pool_for(device), a.nbytes(), stream);
+  Pool& p = pool_for(device);
+  void* ptr = pool_malloc(p, a.nbytes());
   auto* buf = new mx::cu::CudaBuffer{ptr, a.nbytes(), device};
+  cudaStream_t stream = p.stream;
   // MLX drops an array only after the GPU work that used it has completed
-  // (it keeps inputs alive until then). A host read of the array first moves
-  // it to managed memory (MLX frees our device pointer then): the buffer
-  // then says device -1.
+  // (it keeps inputs alive until then), so the memory can go straight back.
+  // A host read of the array first moves it to managed memory (MLX frees our
+  // device pointer then): the buffer then says device -1.
   a.set_data(mx::allocator::Data(
       mx::allocator::Buffer(buf), [stream](mx::allocator::Buffer b) {
         auto* cb = static_cast<mx::cu::CudaBuffer*>(b.ptr());
@@ -103,8 +109,8 @@ PoolStats pool_stats(int device) {
   auto it = pools.find(device);
   if (it == pools.end()) return {0, 0};
   std::uint64_t used = 0, reserved = 0;
-  cudaMemPoolGetAttribute(it->second, cudaMemPoolAttrUsedMemCurrent, &used);
-  cudaMemPoolGetAttribute(it->second, cudaMemPoolAttrReservedMemCurrent, &reserved);
+  cudaMemPoolGetAttribute(it->second.pool, cudaMemPoolAttrUsedMemCurrent, &used);
+  cudaMemPoolGetAttribute(it->second.pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
   return {used, reserved};
 }
 
@@ -112,13 +118,8 @@ void trim_pool(int device) {
   std::lock_guard<std::mutex> lock(mutex);
   auto it = pools.find(device);
   if (it == pools.end()) return;
-  // Frees still queued on MLX's stream return their memory once they run.
-  int current = 0;
-  cudaGetDevice(&current);
-  cudaSetDevice(device);
-  cudaDeviceSynchronize();
-  cudaSetDevice(current);
-  cudaMemPoolTrimTo(it->second, 0);
+  cudaStreamSynchronize(it->second.stream);
+  cudaMemPoolTrimTo(it->second.pool, 0);
 }
 
 }  // namespace mlx_rmsnorm
@@ -126,7 +127,7 @@ void trim_pool(int device) {
 #else  // CPU flavor: no GPU memory of ours
 
 namespace mlx_rmsnorm {
-void allocate_device(mx::array& a, int, void*) {
+void allocate_device(mx::array& a, int) {
   a.set_data(mx::allocator::malloc(a.nbytes()));
 }
 PoolStats pool_stats(int) { return {0, 0}; }

@@ -5,9 +5,8 @@
 // it to managed memory with a synchronous full copy (MLX 0.32: the stream
 // ordered path, cu::malloc_async, is not exported). Inside a training graph
 // that stalls the host on every norm call. So by default our outputs come
-// from a device memory pool of our own: retaining (no release to the driver
-// between steps), allocated and freed in the order of MLX's own stream, so
-// neither needs the host to wait, and freed when MLX drops the array.
+// from a device memory pool of our own: stream-ordered, retaining (no release
+// to the driver between steps), freed when MLX drops the array.
 //
 // MLX_RMSNORM_ALLOCATOR=mlx switches back to allocator::malloc.
 #pragma once
@@ -21,10 +20,8 @@ namespace mlx_rmsnorm {
 
 namespace mx = mlx::core;
 
-// Gives `a` fresh device memory of a.nbytes() on `device`, ordered on
-// `stream` (the cudaStream_t that MLX's command encoder launches on; opaque
-// here so that the CPU flavor builds without CUDA headers).
-void allocate_device(mx::array& a, int device, void* stream);
+// Gives `a` fresh device memory of a.nbytes() on the stream's device.
+void allocate_device(mx::array& a, int device);
 
 struct PoolStats {
   std::uint64_t in_use;    // bytes handed out and not yet freed

@@ -36,7 +36,7 @@ void* ptr(mx::array& a) { return mx::gpu_ptr<void>(a); }
 // Output memory: reuse a donatable input of the same size and dtype (every
 // kernel of ours reads a row element before it writes it), else allocate
 // (device_memory.h says from where).
-void allocate(mx::array& out, const mx::Stream& s, mx::cu::CommandEncoder& enc,
+void allocate(mx::array& out, const mx::Stream& s,
               std::initializer_list<const mx::array*> donors = {}) {
   for (const mx::array* d : donors) {
     if (d && d->is_donatable() && d->dtype() == out.dtype() &&
@@ -45,13 +45,12 @@ void allocate(mx::array& out, const mx::Stream& s, mx::cu::CommandEncoder& enc,
       return;
     }
   }
-  allocate_device(out, s.device.index,
-                  static_cast<void*>(static_cast<cudaStream_t>(enc.stream())));
+  allocate_device(out, s.device.index);
 }
 
 mx::array scratch(size_t bytes, const mx::Stream& s, mx::cu::CommandEncoder& enc) {
   mx::array a({static_cast<int>((bytes + 3) / 4)}, mx::float32, nullptr, {});
-  allocate(a, s, enc);
+  allocate(a, s);
   enc.add_temporary(a);
   return a;
 }
@@ -83,7 +82,7 @@ void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs,
   mx::array& y = outputs[0];
   auto& enc = mx::cu::get_command_encoder(stream());
   use_device(stream());
-  allocate(y, stream(), enc, {&x});
+  allocate(y, stream(), {&x});
 
   rmsnorm::FwdArgs a{};
   a.x = ptr(x);
@@ -109,8 +108,8 @@ void RMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
   mx::array& gx = outputs[0];
   auto& enc = mx::cu::get_command_encoder(stream());
   use_device(stream());
-  allocate(gx, stream(), enc, {&x, &g});
-  if (has_weight_) allocate(outputs[1], stream(), enc);
+  allocate(gx, stream(), {&x, &g});
+  if (has_weight_) allocate(outputs[1], stream());
 
   rmsnorm::BwdArgs a{};
   a.x = ptr(x);
