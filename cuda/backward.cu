@@ -14,10 +14,10 @@ using plans::kBackward;
 
 template <typename X, typename G, std::size_t... I>
 const void* persistent_kernel(int row, std::index_sequence<I...>) {
-  static const void* const kernels[] = {reinterpret_cast<const void*>(
-      &bwd_persistent<X, G, kBackward[I].block, kBackward[I].group,
-                      kBackward[I].chunks, kBackward[I].stages,
-                      kBackward[I].bulk, kBackward[I].cluster>)...};
+  static const void* const kernels[] = {
+      persistent_kernel_for<X, G, kBackward[I].block, kBackward[I].group,
+                            kBackward[I].chunks, kBackward[I].stages,
+                            kBackward[I].bulk, kBackward[I].cluster>()...};
   return kernels[row];
 }
 
@@ -63,7 +63,7 @@ bool plan_persistent(const BwdArgs& a, int vec, Plan& p) {
   p.algorithm = Algorithm::Persistent;
   if (grid > 0)
     p.calls.push_back(make_call(fn, dim3(grid), dim3(cfg.block), smem,
-                                "bwd_persistent", cfg.cluster));
+                                "bwd_persistent"));
   if (a.w != nullptr) {
     p.partial_rows = static_cast<int>(units);
     p.partials_offset = 0;

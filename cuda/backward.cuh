@@ -12,7 +12,8 @@
 
 namespace rmsnorm {
 
-// Persistent kernel (the seed's design). The grid is sized by the machine;
+// Persistent walk (the seed's design), the body of the kernels below. The
+// grid is sized by the machine;
 // unit u walks row steps u, u + units, ... (ROWS consecutive rows a step),
 // STAGES-1 steps ahead of the compute: x and g land in shared memory through
 // asynchronous copies, so loads stay in flight although only a few blocks are
@@ -33,7 +34,7 @@ namespace rmsnorm {
 // the last read of it, and completion is signalled on one mbarrier per stage.
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool BULK, int CLUSTER>
-__global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
+__device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ROWS = BLOCK / GROUP;
   static_assert(!BULK || STAGES >= 2, "the bulk pipeline refills mid-step");
@@ -233,6 +234,37 @@ __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
       __syncthreads();
     }
     for (int col = threadIdx.x; col < n; col += BLOCK) out[col] = sacc[col];
+  }
+}
+
+// The kernels. A cluster's shape is fixed at compile time (a property of the
+// function, not of the launch): MLX caches instantiated CUDA graphs and
+// updates them in place with the next graph of the same shape, and a
+// launch attribute set on one kernel node did not reliably follow such an
+// update (a later plain kernel ran in a stale cluster shape: H200 test runs).
+template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
+          bool BULK>
+__global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
+  persistent_walk<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1>(a);
+}
+
+template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
+          bool BULK, int CLUSTER>
+__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(BLOCK)
+    bwd_persistent_cluster(const BwdArgs a) {
+  persistent_walk<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER>(a);
+}
+
+// The host stub of the persistent kernel for one launch plan.
+template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
+          bool BULK, int CLUSTER>
+const void* persistent_kernel_for() {
+  if constexpr (CLUSTER > 1) {
+    return reinterpret_cast<const void*>(
+        &bwd_persistent_cluster<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER>);
+  } else {
+    return reinterpret_cast<const void*>(
+        &bwd_persistent<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK>);
   }
 }
 

@@ -53,20 +53,8 @@ void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch) {
 cudaError_t launch(const Plan& plan, const void* args, cudaStream_t stream) {
   for (const KernelCall& c : plan.calls) {
     void* params[] = {const_cast<void*>(args)};
-    cudaLaunchConfig_t config{};
-    config.gridDim = c.grid;
-    config.blockDim = c.block;
-    config.dynamicSmemBytes = c.smem;
-    config.stream = stream;
-    cudaLaunchAttribute cluster{};
-    if (c.cluster > 1) {
-      cluster.id = cudaLaunchAttributeClusterDimension;
-      cluster.val.clusterDim.x = c.cluster;
-      cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-      config.attrs = &cluster;
-      config.numAttrs = 1;
-    }
-    cudaError_t err = cudaLaunchKernelExC(&config, c.host_fn, params);
+    cudaError_t err = cudaLaunchKernel(c.host_fn, c.grid, c.block, params,
+                                       c.smem, stream);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
@@ -144,16 +132,11 @@ int clusters_per_gpu(const void* host_fn, int block, unsigned smem,
   if (it != cache.end()) return it->second;
   int clusters = 0;
   if (smem <= static_cast<unsigned>(allow_dynamic_smem(dev, host_fn))) {
+    // (the cluster shape comes from the kernel's compile-time attribute)
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(cluster);
     config.blockDim = dim3(block);
     config.dynamicSmemBytes = smem;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = cluster;
-    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-    config.attrs = &attr;
-    config.numAttrs = 1;
     check(cudaOccupancyMaxActiveClusters(&clusters, host_fn, &config),
           "cudaOccupancyMaxActiveClusters");
   }
@@ -161,7 +144,7 @@ int clusters_per_gpu(const void* host_fn, int block, unsigned smem,
 }
 
 KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
-                     const char* name, unsigned cluster) {
+                     const char* name) {
   static std::map<std::pair<int, const void*>, cudaFunction_t> cache;
   int dev = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
@@ -178,7 +161,7 @@ KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
       fn = it->second;
     }
   }
-  return KernelCall{host_fn, fn, grid, block, smem, name, cluster};
+  return KernelCall{host_fn, fn, grid, block, smem, name};
 }
 
 }  // namespace detail

@@ -76,8 +76,6 @@ struct KernelCall {
   dim3 grid, block;
   unsigned smem;
   const char* name;
-  // Blocks per thread-block cluster (along x); 1 launches without clusters.
-  unsigned cluster = 1;
 };
 
 struct Plan {

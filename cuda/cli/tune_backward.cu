@@ -61,10 +61,9 @@ constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
 
 template <std::size_t... I>
 const void* kernel_of(int i, std::index_sequence<I...>) {
-  static const void* const kernels[] = {reinterpret_cast<const void*>(
-      &rmsnorm::bwd_persistent<X, X, kCandidates[I].block, kCandidates[I].group,
-                               kCandidates[I].chunks, kCandidates[I].stages,
-                               kCandidates[I].bulk, kCandidates[I].cluster>)...};
+  static const void* const kernels[] = {rmsnorm::persistent_kernel_for<
+      X, X, kCandidates[I].block, kCandidates[I].group, kCandidates[I].chunks,
+      kCandidates[I].stages, kCandidates[I].bulk, kCandidates[I].cluster>()...};
   return kernels[i];
 }
 
@@ -131,15 +130,10 @@ int main(int argc, char** argv) {
       // planner counts them.
       int occ = 0;
       if (p.cluster > 1) {
-        cudaLaunchConfig_t config{};
+        cudaLaunchConfig_t config{};  // the cluster shape is the kernel's own
         config.gridDim = dim3(p.cluster);
         config.blockDim = dim3(p.block);
         config.dynamicSmemBytes = smem;
-        cudaLaunchAttribute attr{};
-        attr.id = cudaLaunchAttributeClusterDimension;
-        attr.val.clusterDim = {unsigned(p.cluster), 1, 1};
-        config.attrs = &attr;
-        config.numAttrs = 1;
         CHECK(cudaOccupancyMaxActiveClusters(&occ, fn, &config));
       } else {
         CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, p.block, smem));
@@ -162,8 +156,7 @@ int main(int argc, char** argv) {
       a.partial_rows = int(units);
       rmsnorm::Plan plan;
       plan.calls.push_back(rmsnorm::KernelCall{fn, nullptr, dim3(grid), dim3(p.block),
-                                               unsigned(smem), "bwd_persistent",
-                                               unsigned(p.cluster)});
+                                               unsigned(smem), "bwd_persistent"});
       auto run = [&] { CHECK(rmsnorm::launch(plan, &a, 0)); };
       const double us = cli::median_us(iters, run);
       CHECK(cudaMemset(gx, 0xff, count * 2));

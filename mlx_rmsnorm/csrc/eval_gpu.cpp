@@ -61,7 +61,7 @@ mx::array scratch(size_t bytes, const mx::Stream& s, mx::cu::CommandEncoder& enc
 template <typename Args>
 void record(mx::cu::CommandEncoder& enc, const rmsnorm::KernelCall& c, Args args) {
   enc.add_kernel_node_ex(reinterpret_cast<CUfunction>(c.fn), c.grid, c.block,
-                         dim3(c.cluster), c.smem, args);
+                         dim3(), c.smem, args);
 }
 
 // Our kernels run through our own copy of the CUDA runtime, whose current
