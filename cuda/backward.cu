@@ -14,10 +14,12 @@ using plans::kBackward;
 
 template <typename X, typename G, std::size_t... I>
 const void* persistent_kernel(int row, std::index_sequence<I...>) {
+  static_assert(((kBackward[I].cluster == 1) && ...),
+                "no cluster rows through MLX (plans.h says why)");
   static const void* const kernels[] = {
       persistent_kernel_for<X, G, kBackward[I].block, kBackward[I].group,
                             kBackward[I].chunks, kBackward[I].stages,
-                            kBackward[I].bulk, kBackward[I].cluster>()...};
+                            kBackward[I].bulk, 1>()...};
   return kernels[row];
 }
 
@@ -50,24 +52,19 @@ bool plan_persistent(const BwdArgs& a, int vec, Plan& p) {
       plans::persistent_smem(cfg, nvec, static_cast<int>(sizeof(G) / sizeof(X)));
   const void* fn = persistent_kernel<X, G>(
       row, std::make_index_sequence<std::size(kBackward)>{});
-  // Units that walk the rows: blocks, or clusters of blocks, all resident.
-  const int resident =
-      cfg.cluster > 1
-          ? detail::clusters_per_gpu(fn, cfg.block, smem, cfg.cluster)
-          : detail::sm_count() * detail::blocks_per_sm(fn, cfg.block, smem);
-  if (resident == 0) return false;
+  const int occupancy = detail::blocks_per_sm(fn, cfg.block, smem);
+  if (occupancy == 0) return false;
 
-  const int64_t units =
-      std::min<int64_t>(resident, ceil_div(a.rows, rows_per_step));
-  const int64_t grid = units * cfg.cluster;
+  const int64_t grid = std::min<int64_t>(
+      int64_t(detail::sm_count()) * occupancy, ceil_div(a.rows, rows_per_step));
   p.algorithm = Algorithm::Persistent;
   if (grid > 0)
     p.calls.push_back(make_call(fn, dim3(grid), dim3(cfg.block), smem,
                                 "bwd_persistent"));
   if (a.w != nullptr) {
-    p.partial_rows = static_cast<int>(units);
+    p.partial_rows = static_cast<int>(grid);
     p.partials_offset = 0;
-    p.scratch_bytes = detail::align_up(sizeof(float) * units * a.n);
+    p.scratch_bytes = detail::align_up(sizeof(float) * grid * a.n);
     p.calls.push_back(final_colsum(a.n));
   }
   return true;

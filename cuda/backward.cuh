@@ -237,11 +237,9 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   }
 }
 
-// The kernels. A cluster's shape is fixed at compile time (a property of the
-// function, not of the launch): MLX caches instantiated CUDA graphs and
-// updates them in place with the next graph of the same shape, and a
-// launch attribute set on one kernel node did not reliably follow such an
-// update (a later plain kernel ran in a stale cluster shape: H200 test runs).
+// The kernels. The cluster variant (rows past one SM's shared memory) is
+// launched by the standalone tuner only; plans.h says why MLX does not get
+// it yet.
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool BULK>
 __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {

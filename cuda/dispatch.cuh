@@ -28,12 +28,6 @@ int sm_count();
 // 0 when `smem` is more than the kernel can have. Cached.
 int blocks_per_sm(const void* host_fn, int block, unsigned smem);
 
-// Clusters of `cluster` blocks (the kernel's compile-time cluster shape) that
-// can be resident on the whole GPU at once (a GPC's SMs that do not make up a
-// whole cluster stay idle). Cached.
-int clusters_per_gpu(const void* host_fn, int block, unsigned smem,
-                     unsigned cluster);
-
 // A call record with the driver handle resolved (cached per kernel).
 KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
                      const char* name);

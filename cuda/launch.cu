@@ -121,28 +121,6 @@ int blocks_per_sm(const void* host_fn, int block, unsigned smem) {
   return cache[key] = blocks;
 }
 
-int clusters_per_gpu(const void* host_fn, int block, unsigned smem,
-                     unsigned cluster) {
-  static std::map<std::tuple<int, const void*, int, unsigned, unsigned>, int> cache;
-  int dev = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  std::lock_guard<std::mutex> lock(cache_mutex);
-  auto key = std::make_tuple(dev, host_fn, block, smem, cluster);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  int clusters = 0;
-  if (smem <= static_cast<unsigned>(allow_dynamic_smem(dev, host_fn))) {
-    // (the cluster shape comes from the kernel's compile-time attribute)
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(cluster);
-    config.blockDim = dim3(block);
-    config.dynamicSmemBytes = smem;
-    check(cudaOccupancyMaxActiveClusters(&clusters, host_fn, &config),
-          "cudaOccupancyMaxActiveClusters");
-  }
-  return cache[key] = clusters;
-}
-
 KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
                      const char* name) {
   static std::map<std::pair<int, const void*>, cudaFunction_t> cache;

@@ -16,9 +16,8 @@
 //           computed on, stages - 1 in flight.
 //   bulk:   (backward) a step's rows arrive through the bulk copy engine
 //           (one thread issues them) instead of per-thread 16-byte copies.
-//   cluster: (backward) blocks of a thread-block cluster that split one row
-//           by columns (each block holds 1/cluster of it), for rows past
-//           one SM's shared memory.
+//   cluster: (backward, tuner only: see below kBackward) blocks of a
+//           thread-block cluster that split one row by columns.
 //   persistent: (forward) the grid is what stays resident and walks the
 //           rows; false: a block per step of rows, the hardware refills SMs.
 #pragma once
@@ -52,9 +51,7 @@ inline std::size_t persistent_smem(const RowPlan& p, int nvec, int g_per_x) {
 // the block only up to 4 (64 live floats for bf16, ~100 registers) before
 // spilling. Shared memory per block is stages * rows/step * N * (sizeof x +
 // sizeof g): at N = 16384 bf16 two stages take 128 KiB (one block per SM);
-// longer rows are split over a cluster of blocks, each holding the same
-// 16384-element slice (to N = 65536 bf16); beyond it the split plan takes
-// over.
+// beyond it the split plan takes over (see below the table).
 //
 // Entries are chosen with cuda/cli/tune_backward (H200, bf16, kernel alone,
 // CUDA events, % of our copy ceiling at the benchmark shapes; docs/NOTES.md
@@ -82,9 +79,18 @@ inline constexpr RowPlan kBackward[] = {
     {512, 256, 256, 2, 2},         // N <= 4096
     {1024, 512, 512, 2, 2, true},  // N <= 8192: the seed's shape
     {2048, 512, 512, 4, 2, true},  // N <= 16384
-    {4096, 512, 512, 4, 2, false, 2},  // N <= 32768: two SMs a row
-    {8192, 512, 512, 4, 2, false, 4},  // N <= 65536: four SMs a row
 };
+// Rows past N = 16384 bf16 take the split plan. A one-pass kernel that
+// spreads a row over a thread-block cluster exists (bwd_persistent_cluster;
+// cuda/cli/tune_backward measures it: 4096x32768 in 235 us, 87% of our copy
+// kernel, and 242-250 us through MLX, 2.1x the built-in, against 1.55x for
+// split), but it is not launched through MLX: MLX caches instantiated CUDA
+// graphs and updates them in place with the next graph of the same shape,
+// and a node's cluster shape stayed with the updated node, so a plain kernel
+// that later took that node's place launched in the stale cluster shape and
+// did not run (H200, full test suite: gx left unwritten for float32 and
+// small grids, with the shape as a launch attribute or compiled in alike).
+// Cluster rows need a launch that MLX will not fold into an updated graph.
 
 // Forward (row in registers; see fwd_rows). Chosen with cuda/cli/tune_forward
 // (H200, bf16, kernel alone, % of a device-to-device copy of x):

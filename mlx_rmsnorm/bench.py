@@ -7,9 +7,8 @@ For every (M, N) case, in one process and side by side:
               the same read:write mix (backward: x + g, 2 reads and 1 write;
               forward: -x, 1 read and 1 write);
   - ours:     the backward as "auto" picks it (the persistent kernel wherever
-              a row fits its launch plan, i.e. N <= 65536 for bf16, rows past
-              16384 spread over a cluster of blocks; the split kernels beyond)
-              and the seed's naive 3-kernel chain; the forward;
+              a row fits its launch plan, i.e. N <= 16384 for bf16; the split
+              kernels beyond) and the seed's naive 3-kernel chain; the forward;
   - mlx:      mx.fast.rms_norm and its VJP.
 Each is timed two ways: many independent calls in one mx.eval (kernel time,
 MLX's per-eval launch cost amortised; inputs rotate over several buffers so
