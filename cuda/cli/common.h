@@ -1,5 +1,5 @@
-// Helpers shared by the standalone tools in cuda/cli: error checks, copies
-// back to the host, the agreement measure and CUDA-event timing.
+// Helpers shared by the standalone tools in cuda/cli: error checks, input
+// data, copies back to the host, the agreement measure and CUDA-event timing.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -22,6 +22,19 @@
   } while (0)
 
 namespace cli {
+
+// Deterministic pseudo-random bf16 values in [-1, 1) from a hash of the index
+// (the tuners' inputs: no host round trip for gigabytes of data).
+__global__ void fill(__nv_bfloat16* p, int64_t count, unsigned seed) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = __float2bfloat16(((h & 0xffff) / 32768.f) - 1.f);
+  }
+}
 
 // `count` bf16 (or, with f32, float) values from the device, as floats.
 inline std::vector<float> to_host(const void* dev, size_t count, bool f32 = false) {

@@ -67,17 +67,6 @@ const void* kernel_of(int i, std::index_sequence<I...>) {
   return kernels[i];
 }
 
-__global__ void fill(X* p, int64_t count, unsigned seed) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16(((h & 0xffff) / 32768.f) - 1.f);
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,9 +91,9 @@ int main(int argc, char** argv) {
     CHECK(cudaMalloc(&w, n * 2));
     CHECK(cudaMalloc(&gw, n * 4));
     CHECK(cudaMalloc(&partials, size_t(sms) * 32 * n * 4));
-    fill<<<1024, 256>>>(x, count, 1);
-    fill<<<1024, 256>>>(g, count, 2);
-    fill<<<64, 256>>>(w, n, 3);
+    cli::fill<<<1024, 256>>>(x, count, 1);
+    cli::fill<<<1024, 256>>>(g, count, 2);
+    cli::fill<<<64, 256>>>(w, n, 3);
 
     rmsnorm::CopyArgs c{x, g, out, int64_t(count), rmsnorm::DType::BF16};
     rmsnorm::Plan copy = rmsnorm::plan_copy(c);

@@ -70,17 +70,6 @@ const void* kernel_of(int i, std::index_sequence<I...>) {
   return kernels[i];
 }
 
-__global__ void fill(X* p, int64_t count, unsigned seed) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    unsigned h = (unsigned)i * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = __float2bfloat16(((h & 0xffff) / 32768.f) - 1.f);
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -100,8 +89,8 @@ int main(int argc, char** argv) {
     CHECK(cudaMalloc(&x, count * 2));
     CHECK(cudaMalloc(&y, count * 2));
     CHECK(cudaMalloc(&w, n * 2));
-    fill<<<1024, 256>>>(x, count, 1);
-    fill<<<64, 256>>>(w, n, 3);
+    cli::fill<<<1024, 256>>>(x, count, 1);
+    cli::fill<<<64, 256>>>(w, n, 3);
 
     const double ceil_us = cli::median_us(
         iters, [&] { CHECK(cudaMemcpyAsync(y, x, count * 2, cudaMemcpyDeviceToDevice)); });
