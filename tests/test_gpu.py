@@ -200,3 +200,22 @@ def test_one_kernel_with_growing_and_shrinking_rows():
         assert rel_err(y, ref_forward(x, w, 1e-5)) <= TOL[mx.bfloat16], n
         assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= TOL[mx.bfloat16], n
         assert rel_err(gw, ref_gw) <= ONE_ROUNDING[mx.bfloat16], n
+
+
+def test_small_grids_after_long_rows():
+    """MLX updates a cached CUDA graph in place with the next graph of the
+    same node shape. A long-row backward followed by small, odd grids in the
+    same positions must still run every kernel (a cluster launch once left
+    its shape behind, and the later kernels did not run: gx stayed stale)."""
+    cases = [((256, 32768), mx.bfloat16), ((5, 32), mx.float32), ((3, 96), mx.float32),
+             ((40, 65536), mx.bfloat16), ((999, 128), mx.float32), ((3, 256), mx.bfloat16),
+             ((5, 2880), mx.float32)]
+    for i, (shape, dtype) in enumerate(cases):
+        x = random(shape, dtype, 40 + i)
+        w = random(shape[-1:], dtype, 50 + i, 0.5, 1.0)
+        g = random(shape, dtype, 60 + i)
+        y, gx, gw = run(x, w, g)
+        ref_gx, ref_gw = ref_backward(x, w, g, 1e-5)
+        assert rel_err(y, ref_forward(x, w, 1e-5)) <= TOL[dtype], shape
+        assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= TOL[dtype], shape
+        assert rel_err(gw, ref_gw) <= 2 * TOL[dtype], shape
