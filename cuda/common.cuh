@@ -89,8 +89,7 @@ __device__ __forceinline__ void load_vec_as_float(const void* p, int64_t v,
 
 // Elements [v * VEC, v * VEC + VEC) of the weight as floats: one access of
 // VEC elements (two 16-byte loads for fp32 beside a 2-byte x) when `aligned`
-// (the weight's base is 16-byte aligned), else element by element. Used by
-// kernels that read w once per row rather than once per block.
+// (the weight's base is 16-byte aligned), else element by element.
 template <int VEC>
 __device__ __forceinline__ void load_w(const void* w, DType t, int64_t v,
                                        bool aligned, float (&out)[VEC]) {
