@@ -15,10 +15,10 @@ namespace rmsnorm {
 // Persistent walk (the seed's design), the body of the kernels below. The
 // grid is sized by the machine; unit u walks row steps u, u + units, ...
 // (ROWS consecutive rows a step), STAGES-1 steps ahead of the compute: x and
-// g land in shared memory through
-// asynchronous copies, so loads stay in flight although only a few blocks are
-// resident. gw stays in fp32 registers for the whole walk and is written once
-// per unit: partials is units x n, summed afterwards by colsum.
+// g land in shared memory through asynchronous copies, so loads stay in
+// flight although only a few blocks are resident. gw stays in fp32 registers
+// for the whole walk and is written once per unit: partials is units x n,
+// summed afterwards by colsum.
 //
 // A unit is one block, or with CLUSTER > 1 a thread-block cluster whose
 // blocks each own a contiguous slice of the row's columns (rows too long for
