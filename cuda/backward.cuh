@@ -121,16 +121,15 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   }
 
   float w[CHUNKS][VEC];
-  float acc[CHUNKS][VEC];
+  float acc[CHUNKS][VEC] = {};
 #pragma unroll
   for (int j = 0; j < CHUNKS; ++j) {
     int v = j * GROUP + lane;
+    if (v < nvec) {
+      load_w(a.w, a.w_dtype, v0 + v, aligned16(a.w), w[j]);
+    } else {
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) {
-      w[j][k] = v < nvec
-                    ? load_as_float(a.w, a.w_dtype, (int64_t)(v0 + v) * VEC + k)
-                    : 0.f;
-      acc[j][k] = 0.f;
+      for (int k = 0; k < VEC; ++k) w[j][k] = 0.f;
     }
   }
 
@@ -275,16 +274,18 @@ __device__ __forceinline__ float2 row_sums(const BwdArgs& a, int64_t row,
   const int nvec = a.n / VEC;
   const XV* xr = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * a.n);
   const GV* gr = reinterpret_cast<const GV*>(static_cast<const G*>(a.g) + row * a.n);
+  const bool w_aligned = aligned16(a.w);
   float2 sums = make_float2(0.f, 0.f);
   for (int v = threadIdx.x; v < nvec; v += BLOCK) {
     XV xv = xr[v];
     GV gv = gr[v];
+    float wv[VEC];
+    load_w(a.w, a.w_dtype, v, w_aligned, wv);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       float xf = to_float(xv.v[k]);
-      float wf = load_as_float(a.w, a.w_dtype, (int64_t)v * VEC + k);
       sums.x += xf * xf;
-      sums.y += to_float(gv.v[k]) * wf * xf;
+      sums.y += to_float(gv.v[k]) * wv[k] * xf;
     }
   }
   return group_sum<BLOCK, BLOCK>(sums, red);
@@ -320,12 +321,8 @@ __global__ void __launch_bounds__(256) bwd_split_cols(const BwdArgs a) {
   const int64_t begin = blockIdx.y * per_split;
   const int64_t end = min(a.rows, begin + per_split);
 
-  float w[VEC], acc[VEC];
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) {
-    w[k] = v < nvec ? load_as_float(a.w, a.w_dtype, (int64_t)v * VEC + k) : 0.f;
-    acc[k] = 0.f;
-  }
+  float w[VEC] = {}, acc[VEC] = {};
+  if (v < nvec) load_w(a.w, a.w_dtype, v, aligned16(a.w), w);
   if (v < nvec) {
     for (int64_t row = begin + threadIdx.y; row < end; row += 8) {
       XV xv = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n)[v];
@@ -368,6 +365,7 @@ __global__ void __launch_bounds__(BLOCK) bwd_naive_rows(const BwdArgs a) {
   __shared__ float2 red[32];
   const int n = a.n;
   const int nvec = n / VEC;
+  const bool w_aligned = aligned16(a.w);
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     float2 s = row_sums<X, G, BLOCK, VEC>(a, row, red);
     const float rstd = rsqrtf(s.x / n + a.eps);
@@ -379,13 +377,14 @@ __global__ void __launch_bounds__(BLOCK) bwd_naive_rows(const BwdArgs a) {
     for (int v = threadIdx.x; v < nvec; v += BLOCK) {
       XV xv = xr[v];
       GV gv = gr[v];
+      float wv[VEC];
+      load_w(a.w, a.w_dtype, v, w_aligned, wv);
       XV out, part;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         float xf = to_float(xv.v[k]);
         float gf = to_float(gv.v[k]);
-        float wf = load_as_float(a.w, a.w_dtype, (int64_t)v * VEC + k);
-        out.v[k] = from_float<X>(rstd * wf * gf - xf * c);
+        out.v[k] = from_float<X>(rstd * wv[k] * gf - xf * c);
         part.v[k] = from_float<X>(gf * xf * rstd);
       }
       gxr[v] = out;

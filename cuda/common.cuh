@@ -87,6 +87,10 @@ __device__ __forceinline__ void load_vec_as_float(const void* p, int64_t v,
   for (int k = 0; k < VEC; ++k) out[k] = to_float(vec.v[k]);
 }
 
+__device__ __forceinline__ bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
 // Elements [v * VEC, v * VEC + VEC) of the weight as floats: one access of
 // VEC elements (two 16-byte loads for fp32 beside a 2-byte x) when `aligned`
 // (the weight's base is 16-byte aligned), else element by element.

@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
   const int r = threadIdx.x / GROUP;
   const int64_t stride = (int64_t)gridDim.x * ROWS;
   const int64_t first = (int64_t)blockIdx.x * ROWS;
-  const bool w_aligned = reinterpret_cast<uintptr_t>(a.w) % 16 == 0;
+  const bool w_aligned = aligned16(a.w);
 
   auto load = [&](XV (&xv)[CHUNKS], int64_t base) {
     const int64_t row = base + r;
@@ -120,6 +120,7 @@ __global__ void __launch_bounds__(BLOCK) fwd_looped(const FwdArgs a) {
   __shared__ float2 red[32];
   const int n = a.n;
   const int nvec = n / VEC;
+  const bool w_aligned = aligned16(a.w);
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const XV* xr = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n);
     float2 sums = make_float2(0.f, 0.f);
@@ -136,12 +137,11 @@ __global__ void __launch_bounds__(BLOCK) fwd_looped(const FwdArgs a) {
     OV* yr = reinterpret_cast<OV*>(static_cast<O*>(a.y) + row * n);
     for (int v = threadIdx.x; v < nvec; v += BLOCK) {
       XV xv = xr[v];
+      float wv[VEC];
+      load_w(a.w, a.w_dtype, v, w_aligned, wv);
       OV out;
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        float wf = load_as_float(a.w, a.w_dtype, (int64_t)v * VEC + k);
-        out.v[k] = from_float<O>(to_float(xv.v[k]) * rstd * wf);
-      }
+      for (int k = 0; k < VEC; ++k) out.v[k] = from_float<O>(to_float(xv.v[k]) * rstd * wv[k]);
       yr[v] = out;
     }
   }

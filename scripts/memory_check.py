@@ -51,14 +51,19 @@ def main():
           "(MLX active memory; the plugin's own GPU pool: in use, reserved)")
     for step, mem, used, reserved in samples:
         print(f"  step {step:6d}: MLX {mem:12d}   pool {used:10d} {reserved:12d}")
-    # After the first tenth (caches warm), the live set must not grow.
-    steady = [s for s in samples if s[0] >= args.steps // 10]
+    # After the first tenth (caches warm), the live set must not grow. The
+    # pool's reservation is a cache that grows to the largest step seen, so
+    # it only has to settle: no growth over the second half.
     ok = True
-    for name, column in (("MLX active", 1), ("pool in use", 2), ("pool reserved", 3)):
+    for name, column, start in (("MLX active", 1, args.steps // 10),
+                                ("pool in use", 2, args.steps // 10),
+                                ("pool reserved", 3, args.steps // 2)):
+        steady = [s for s in samples if s[0] >= start]
         growth = max(s[column] for s in steady) - steady[0][column]
         flat = growth <= 1 << 20
         ok &= flat
-        print(f"{name} growth after warm-up: {growth} bytes ({'flat' if flat else 'GROWING'})")
+        print(f"{name} growth from step {steady[0][0]}: {growth} bytes "
+              f"({'flat' if flat else 'GROWING'})")
     return 0 if ok else 1
 
 

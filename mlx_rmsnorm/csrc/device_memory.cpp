@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -34,16 +35,37 @@ bool use_mlx_allocator() {
   return mlx;
 }
 
+// Block sizes are rounded so that a block freed by one call fits the next
+// call of a similar shape: 512 B steps up to 64 KiB, then 64 KiB steps.
+std::size_t round_size(std::size_t bytes) {
+  const std::size_t step = bytes <= (64u << 10) ? 512 : (64u << 10);
+  return (bytes + step - 1) / step * step;
+}
+
+// The cache holds at most what was ever live at once (a training step's
+// outputs, kept for the backward), and never less than this.
+constexpr std::size_t kMinCacheLimit = std::size_t(64) << 20;
+
 struct Pool {
   cudaMemPool_t pool = nullptr;
   cudaStream_t stream = nullptr;  // orders our allocations and frees only
+  // Blocks our arrays gave back, by size. MLX drops an array only after the
+  // GPU work that used it has completed (it keeps inputs and temporaries
+  // alive until then), so a cached block can be handed out again at once:
+  // no CUDA call and no host sync, which is what a call costs otherwise.
+  std::multimap<std::size_t, void*> cache;
+  std::size_t cached = 0;
+  std::size_t in_use = 0;
+  std::size_t peak_in_use = 0;
 };
 
-std::mutex mutex;
-std::map<int, Pool> pools;
+// Never destroyed: arrays that Python frees at exit still come back here.
+std::mutex& mutex = *new std::mutex;
+std::map<int, Pool>& pools = *new std::map<int, Pool>;
+
+// The functions below run with `mutex` held.
 
 Pool& pool_for(int device) {
-  std::lock_guard<std::mutex> lock(mutex);
   Pool& p = pools[device];
   if (p.pool == nullptr) {
     cudaMemPoolProps props{};
@@ -62,12 +84,34 @@ Pool& pool_for(int device) {
   return p;
 }
 
-void* pool_malloc(Pool& p, size_t bytes) {
+// Gives cached blocks back to the pool until at most `keep` bytes stay,
+// largest first.
+void release_cached(Pool& p, std::size_t keep) {
+  while (p.cached > keep && !p.cache.empty()) {
+    auto it = std::prev(p.cache.end());
+    cudaFreeAsync(it->second, p.stream);
+    p.cached -= it->first;
+    p.cache.erase(it);
+  }
+}
+
+// A cached block of at least `bytes` and at most a quarter more, if any.
+void* take_cached(Pool& p, std::size_t bytes) {
+  auto it = p.cache.lower_bound(bytes);
+  if (it == p.cache.end() || it->first > bytes + bytes / 4) return nullptr;
+  void* ptr = it->second;
+  p.cached -= it->first;
+  p.cache.erase(it);
+  return ptr;
+}
+
+void* pool_malloc(Pool& p, std::size_t bytes) {
   void* ptr = nullptr;
   cudaError_t err = cudaMallocFromPoolAsync(&ptr, bytes, p.pool, p.stream);
   if (err == cudaErrorMemoryAllocation) {
-    // MLX's cache may hold what we need: let it go and try once more.
+    // Our cache or MLX's may hold what we need: let both go, try once more.
     cudaGetLastError();
+    release_cached(p, 0);
     mx::clear_cache();
     err = cudaMallocFromPoolAsync(&ptr, bytes, p.pool, p.stream);
   }
@@ -84,22 +128,35 @@ void allocate_device(mx::array& a, int device) {
     a.set_data(mx::allocator::malloc(a.nbytes()));
     return;
   }
-  Pool& p = pool_for(device);
-  void* ptr = pool_malloc(p, a.nbytes());
-  auto* buf = new mx::cu::CudaBuffer{ptr, a.nbytes(), device};
-  cudaStream_t stream = p.stream;
-  // MLX drops an array only after the GPU work that used it has completed
-  // (it keeps inputs alive until then), so the memory can go straight back.
-  // A host read of the array first moves it to managed memory (MLX frees our
-  // device pointer then): the buffer then says device -1.
+  const std::size_t bytes = round_size(a.nbytes());
+  void* ptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    Pool& p = pool_for(device);
+    ptr = take_cached(p, bytes);
+    if (ptr == nullptr) ptr = pool_malloc(p, bytes);
+    p.in_use += bytes;
+    p.peak_in_use = std::max(p.peak_in_use, p.in_use);
+  }
+  // The buffer's size is the block's, so that it goes back to the cache
+  // under the size it was taken with.
+  auto* buf = new mx::cu::CudaBuffer{ptr, bytes, device};
   a.set_data(mx::allocator::Data(
-      mx::allocator::Buffer(buf), [stream](mx::allocator::Buffer b) {
+      mx::allocator::Buffer(buf), [device, bytes](mx::allocator::Buffer b) {
         auto* cb = static_cast<mx::cu::CudaBuffer*>(b.ptr());
-        if (cb->device >= 0) {
-          cudaFreeAsync(cb->data, stream);
-        } else if (cb->data != nullptr) {
-          cudaFree(cb->data);
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          Pool& p = pools[device];
+          p.in_use -= bytes;
+          if (cb->device >= 0) {
+            p.cache.emplace(bytes, cb->data);
+            p.cached += bytes;
+            release_cached(p, std::max(p.peak_in_use, kMinCacheLimit));
+          }
         }
+        // A host read of the array moved it to managed memory (MLX freed
+        // our block then, back into our pool): free the managed copy.
+        if (cb->device < 0 && cb->data != nullptr) cudaFree(cb->data);
         delete cb;
       }));
 }
@@ -108,16 +165,16 @@ PoolStats pool_stats(int device) {
   std::lock_guard<std::mutex> lock(mutex);
   auto it = pools.find(device);
   if (it == pools.end()) return {0, 0};
-  std::uint64_t used = 0, reserved = 0;
-  cudaMemPoolGetAttribute(it->second.pool, cudaMemPoolAttrUsedMemCurrent, &used);
+  std::uint64_t reserved = 0;
   cudaMemPoolGetAttribute(it->second.pool, cudaMemPoolAttrReservedMemCurrent, &reserved);
-  return {used, reserved};
+  return {it->second.in_use, reserved};
 }
 
 void trim_pool(int device) {
   std::lock_guard<std::mutex> lock(mutex);
   auto it = pools.find(device);
   if (it == pools.end()) return;
+  release_cached(it->second, 0);
   cudaStreamSynchronize(it->second.stream);
   cudaMemPoolTrimTo(it->second.pool, 0);
 }

@@ -5,8 +5,10 @@
 // it to managed memory with a synchronous full copy (MLX 0.32: the stream
 // ordered path, cu::malloc_async, is not exported). Inside a training graph
 // that stalls the host on every norm call. So by default our outputs come
-// from a device memory pool of our own: stream-ordered, retaining (no release
-// to the driver between steps), freed when MLX drops the array.
+// from a device memory pool of our own (stream-ordered, retaining), with a
+// host-side cache of freed blocks in front of it: a call whose sizes were
+// seen before takes cached blocks and makes no CUDA call; only a new size
+// goes to the pool, with a host sync on our own stream.
 //
 // MLX_RMSNORM_ALLOCATOR=mlx switches back to allocator::malloc.
 #pragma once
@@ -24,12 +26,13 @@ namespace mx = mlx::core;
 void allocate_device(mx::array& a, int device);
 
 struct PoolStats {
-  std::uint64_t in_use;    // bytes handed out and not yet freed
-  std::uint64_t reserved;  // bytes the pool holds from the driver
+  std::uint64_t in_use;    // bytes in live arrays (block sizes)
+  std::uint64_t reserved;  // bytes the pool holds from the driver (live,
+                           // cached and free)
 };
 // Our pool on `device` (zeros when nothing was allocated there yet).
 PoolStats pool_stats(int device);
-// Returns the pool's unused memory to the driver.
+// Returns the cached blocks and the pool's unused memory to the driver.
 void trim_pool(int device);
 
 }  // namespace mlx_rmsnorm
