@@ -6,7 +6,7 @@
 #                                         transformer bench sanitize memory
 #                                         (default: build cli tests train transformer bench)
 # Env: TESTS (test paths, default tests), TRANSFORMER_PRECISIONS, SANITIZE_TOOLS,
-#      SANITIZE_TIMEOUT, PROFILE_MLX_ONLY.
+#      SANITIZE_TIMEOUT, RACECHECK_ARGS, PROFILE_MLX_ONLY.
 #
 # Installs the carried MLX CUDA wheels, builds the extension against them, then
 # runs the standalone CLI, the whole test suite (GPU-marked tests included) and
@@ -121,10 +121,16 @@ if has sanitize; then
   step sanitize
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
     start=$SECONDS
-    timeout ${SANITIZE_TIMEOUT:-170} compute-sanitizer --tool $tool --print-limit 20 python3 scripts/sanitize_cases.py 2>&1 \
-      | tail -4 | sed "s/^/[$tool] /"
-    echo "[$tool] $((SECONDS - start)) s (limit ${SANITIZE_TIMEOUT:-170} s)"
+    # racecheck tracks every shared-memory access: it gets the smaller set
+    args=""; [ $tool = racecheck ] && args="${RACECHECK_ARGS:---max-n 16392 --long-rows 64}"
+    # (on a time-out, the last lines say which N it had reached)
+    timeout ${SANITIZE_TIMEOUT:-170} compute-sanitizer --tool $tool --print-limit 20 --error-exitcode 1 \
+      python3 scripts/sanitize_cases.py $args 2>&1 | tail -4 | sed "s/^/[$tool] /"
+    rc=${PIPESTATUS[0]}
+    [ $rc = 124 ] && echo "[$tool] TIMED OUT: not every case ran"
+    echo "[$tool] $((SECONDS - start)) s (limit ${SANITIZE_TIMEOUT:-170} s), exit $rc"
   done | tee "$OUT/sanitize.log"
+  grep -q "exit [1-9]" "$OUT/sanitize.log" && status=1
 fi
 
 if has memory; then

@@ -5,9 +5,15 @@ grid, every dtype pairing and backward algorithm. Sizes stay small: the tools
 slow kernels down by orders of magnitude.
 
     compute-sanitizer --tool memcheck python3 scripts/sanitize_cases.py
+    compute-sanitizer --tool racecheck python3 scripts/sanitize_cases.py --max-n 16392 --long-rows 64
+
+racecheck tracks every shared-memory access and is by far the slowest tool:
+--max-n and --long-rows give it a smaller set (the whole persistent table).
 """
 
+import argparse
 import sys
+import time
 
 import mlx.core as mx
 
@@ -21,11 +27,19 @@ PAIRS = [(mx.bfloat16, mx.bfloat16), (mx.float32, mx.float32), (mx.bfloat16, mx.
 
 
 def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--max-n", type=int, default=max(NS), help="skip longer rows")
+    p.add_argument("--long-rows", type=int, default=300,
+                   help="rows for N past 4099 (N <= 4099 always takes 300)")
+    args = p.parse_args()
+    start = time.time()
     device = mx.gpu if mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels else mx.cpu
     count = 0
-    for n in NS:
-        # fewer rows for the longest: a run under racecheck stays within minutes
-        for m in (1, 300 if n <= 16392 else 40):
+    for n in [n for n in NS if n <= args.max_n]:
+        # fewer rows for the longest: a run under a sanitizer stays within minutes
+        long_rows = args.long_rows if n <= 16392 else min(args.long_rows, 40)
+        print(f"  N={n} ({time.time() - start:.0f} s)", file=sys.stderr, flush=True)
+        for m in (1, 300 if n <= 4099 else long_rows):
             for x_t, w_t in PAIRS:
                 key = mx.random.key(n * 7 + m)
                 kx, kg, kw = mx.random.split(key, 3)
@@ -42,7 +56,7 @@ def main():
                 outs += [a for a in mlx_rmsnorm.rms_norm_vjp(xo, w, g, 1e-5, stream=device) if a is not None]
                 mx.eval(outs)
                 count += 1
-    print(f"sanitize cases: {count} shape/dtype cases on {device}, "
+    print(f"sanitize cases: {count} shape/dtype cases on {device} (N <= {args.max_n}), "
           "forward + 3 backward algorithms + misaligned backward each")
     return 0
 
