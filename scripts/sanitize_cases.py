@@ -8,7 +8,8 @@ slow kernels down by orders of magnitude.
     compute-sanitizer --tool racecheck python3 scripts/sanitize_cases.py --max-n 16392 --long-rows 64
 
 racecheck tracks every shared-memory access and is by far the slowest tool:
---max-n and --long-rows give it a smaller set (the whole persistent table).
+--max-n and --long-rows give it a smaller set (the whole persistent table);
+--min-n runs the rest apart.
 """
 
 import argparse
@@ -28,6 +29,7 @@ PAIRS = [(mx.bfloat16, mx.bfloat16), (mx.float32, mx.float32), (mx.bfloat16, mx.
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--min-n", type=int, default=1, help="skip shorter rows")
     p.add_argument("--max-n", type=int, default=max(NS), help="skip longer rows")
     p.add_argument("--long-rows", type=int, default=300,
                    help="rows for N past 4099 (N <= 4099 always takes 300)")
@@ -35,7 +37,7 @@ def main():
     start = time.time()
     device = mx.gpu if mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels else mx.cpu
     count = 0
-    for n in [n for n in NS if n <= args.max_n]:
+    for n in [n for n in NS if args.min_n <= n <= args.max_n]:
         # fewer rows for the longest: a run under a sanitizer stays within minutes
         long_rows = args.long_rows if n <= 16392 else min(args.long_rows, 40)
         print(f"  N={n} ({time.time() - start:.0f} s)", file=sys.stderr, flush=True)
@@ -56,7 +58,7 @@ def main():
                 outs += [a for a in mlx_rmsnorm.rms_norm_vjp(xo, w, g, 1e-5, stream=device) if a is not None]
                 mx.eval(outs)
                 count += 1
-    print(f"sanitize cases: {count} shape/dtype cases on {device} (N <= {args.max_n}), "
+    print(f"sanitize cases: {count} shape/dtype cases on {device} ({args.min_n} <= N <= {args.max_n}), "
           "forward + 3 backward algorithms + misaligned backward each")
     return 0
 
