@@ -95,12 +95,14 @@ void release_cached(Pool& p, std::size_t keep) {
   }
 }
 
-// A cached block of at least `bytes` and at most a quarter more, if any.
-void* take_cached(Pool& p, std::size_t bytes) {
+// A cached block of at least `bytes` and at most a quarter more, if any;
+// `bytes` becomes the block's size.
+void* take_cached(Pool& p, std::size_t& bytes) {
   auto it = p.cache.lower_bound(bytes);
   if (it == p.cache.end() || it->first > bytes + bytes / 4) return nullptr;
   void* ptr = it->second;
-  p.cached -= it->first;
+  bytes = it->first;
+  p.cached -= bytes;
   p.cache.erase(it);
   return ptr;
 }
@@ -128,7 +130,7 @@ void allocate_device(mx::array& a, int device) {
     a.set_data(mx::allocator::malloc(a.nbytes()));
     return;
   }
-  const std::size_t bytes = round_size(a.nbytes());
+  std::size_t bytes = round_size(a.nbytes());
   void* ptr;
   {
     std::lock_guard<std::mutex> lock(mutex);
