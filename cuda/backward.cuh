@@ -322,8 +322,8 @@ __global__ void __launch_bounds__(256) bwd_split_cols(const BwdArgs a) {
   const int64_t end = min(a.rows, begin + per_split);
 
   float w[VEC] = {}, acc[VEC] = {};
-  if (v < nvec) load_w(a.w, a.w_dtype, v, aligned16(a.w), w);
   if (v < nvec) {
+    load_w(a.w, a.w_dtype, v, aligned16(a.w), w);
     for (int64_t row = begin + threadIdx.y; row < end; row += 8) {
       XV xv = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n)[v];
       GV gv = reinterpret_cast<const GV*>(static_cast<const G*>(a.g) + row * n)[v];
