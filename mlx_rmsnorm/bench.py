@@ -1,20 +1,36 @@
 """Benchmark: mlx-rmsnorm against MLX's built-in mx.fast.rms_norm.
 
-    python -m mlx_rmsnorm.bench [--quick] [--dtype bfloat16] [--out DIR]
+    python -m mlx_rmsnorm.bench [--training | --no-sweep | --sections LIST]
+                                [--quick] [--dtype bfloat16] [--out DIR]
 
-For every (M, N) case, in one process and side by side:
-  - ceiling:  the same bytes through MLX's simplest elementwise kernel with
-              the same read:write mix (backward: x + g, 2 reads and 1 write;
-              forward: -x, 1 read and 1 write);
-  - ours:     the backward as "auto" picks it (the persistent kernel wherever
-              a row fits its launch plan, i.e. N <= 16384 for bf16; the split
-              kernels beyond) and the seed's naive 3-kernel chain; the forward;
-  - mlx:      mx.fast.rms_norm and its VJP.
-Each is timed two ways: many independent calls in one mx.eval (kernel time,
-MLX's per-eval launch cost amortised; inputs rotate over several buffers so
-nothing is served from L2) and one call per mx.eval (the latency a user
-sees). GB/s counts x and g read and gx written once (plus w and gw); the
-forward counts x read and y written. Writes CSV, JSON and a PNG plot.
+Sections (the default run has all four; --training = training,decode;
+--no-sweep = table):
+  table     the nine reference shapes: ceiling, ours ("auto": rms_norm_vjp
+            as the plan picks it; "naive": the seed's 3-kernel chain), mx.fast;
+  sweep     the seed's M sweep at N = 2048, 4096, 8192 (same contenders);
+  training  the shapes a training step calls: M x N in {4096..32768} x
+            {896..8192} and the QK-norm rows {65536..262144} x {64, 128, 256};
+            forward, backward (gx and gw) and backward with gx only (a frozen
+            weight), ours as mx.grad reaches it (mlx_rmsnorm.rms_norm under
+            mx.vjp, not rms_norm_vjp directly) vs mx.fast.rms_norm under mx.vjp;
+  decode    the forward at text-generation shapes (1, 8, 64 rows of
+            N = 1024-8192, and QK-norm rows of 128 for 8 and 32 heads): tiny
+            tensors, where the host's cost of building and launching a call
+            is the time, so the figure there counts graph building too.
+
+Ceiling: the same bytes through MLX's simplest elementwise kernel with the
+same read:write mix (backward: x + g, 2 reads and 1 write; forward: -x, 1 read
+and 1 write), in the same run. % of ceiling = ceiling time / contender time.
+
+Timing: every figure is taken `--repeats` times, with the contenders of a
+shape interleaved (each repeat times every contender once, round-robin, the
+starting contender rotating), after one discarded warm-up round; tables give
+the median and [min-max]. Two ways: `--calls` independent calls in one
+mx.eval (kernel time: MLX's per-eval cost amortised; inputs rotate over
+buffers totalling more than 64 MiB so the L2 does not serve them) and one call
+per mx.eval (the latency of a lone call). builtin/ours is the ratio of the
+medians, its spread the range of the per-repeat ratios. Writes CSV, JSON
+(with every sample) and a PNG (each shape's contenders as % of the ceiling).
 """
 
 from __future__ import annotations
@@ -29,7 +45,7 @@ import time
 
 import mlx.core as mx
 
-from . import rms_norm, rms_norm_vjp
+from . import _builtin_rms_norm, rms_norm, rms_norm_vjp
 
 # The nine shapes of the reference table (H200 numbers for QuACK, the
 # built-in, Liger and torch were measured on these), then the seed's sweep.
@@ -39,10 +55,42 @@ SHAPES = [
 ]
 SWEEP_N = [2048, 4096, 8192]
 SWEEP_M = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
-QUICK_SHAPES = [(256, 128), (128, 1024), (64, 4099)]
+# Tokens per GPU of a training step x the hidden sizes of common models
+# (Qwen2.5-0.5B 896, Qwen3-0.6B 1024, ..., Llama-8B 4096, 14B 5120), then
+# QK-norm: tokens x heads rows of the head dimension.
+TRAIN_M = [4096, 8192, 16384, 32768]
+TRAIN_N = [896, 1024, 2048, 2560, 3584, 4096, 5120, 8192]
+QK_M = [65536, 131072, 262144]
+QK_N = [64, 128, 256]
+# Decode: (rows, N) for the hidden-size norms; (rows, heads, 128) for QK-norm
+# (one token each of `rows` sequences, every head normalised).
+DECODE_ROWS = [1, 8, 64]
+DECODE_N = [1024, 2048, 4096, 8192]
+DECODE_HEADS = [8, 32]
+DECODE_HEAD_DIM = 128
+
+QUICK = {
+    "table": [(256, 128), (128, 1024), (64, 4099)],
+    "sweep": [(64, 1024), (128, 1024)],
+    "training": [(128, 896), (64, 1024), (512, 64)],
+    "decode": [(1, 1024), (8, 2048), (1, 8, 128)],
+}
+SECTIONS = ["table", "sweep", "training", "decode"]
 
 EPS = 1e-5
 L2_BYTES = 64 << 20  # rotate inputs over more than the L2 (50 MiB on H100/H200)
+MAX_SETS = 16
+DECODE_CALLS = 64  # a decode step makes ~100 norm calls between evals
+
+# Figure names of each (kind, direction): the ceiling and the built-in are
+# what the others are divided by.
+CEILING = {"fwd": "ceiling (-x)", "bwd": "ceiling (x+g)", "bwd_gx": "ceiling (x+g)"}
+BUILTIN = "mx.fast"
+DIRECTION_TITLE = {
+    "fwd": "forward",
+    "bwd": "backward (gx and gw)",
+    "bwd_gx": "backward, gx only (frozen weight)",
+}
 
 
 def _progress(items, desc):
@@ -54,108 +102,274 @@ def _progress(items, desc):
         return items
 
 
-def _time_many(fn, sets, calls, repeats):
-    """Median seconds per call, `calls` independent calls per mx.eval."""
-    def once():
-        outs = [fn(*sets[i % len(sets)]) for i in range(calls)]
-        t0 = time.perf_counter()
-        mx.eval(outs)
-        return (time.perf_counter() - t0) / calls
+# ---------------------------------------------------------------- contenders
 
-    once()  # warm-up: plans, kernel handles, graph cache
-    return statistics.median(once() for _ in range(repeats))
+def _vjp_both(norm, w):
+    """gx and gw as mx.grad gets them: the norm differentiated by mx.vjp."""
+    def f(x, g):
+        return mx.vjp(lambda x, w: norm(x, w, EPS), [x, w], [g])[1]
+    return f
 
 
-def _time_single(fn, sets, repeats):
-    """Median seconds of one call per mx.eval (what a user's step sees)."""
-    def once(i):
-        out = fn(*sets[i % len(sets)])
-        t0 = time.perf_counter()
-        mx.eval(out)
-        return time.perf_counter() - t0
-
-    once(0)
-    return statistics.median(once(i) for i in range(repeats))
+def _vjp_gx(norm, w):
+    """gx alone (a frozen weight, LoRA): mx.vjp over x only."""
+    def f(x, g):
+        return mx.vjp(lambda x: norm(x, w, EPS), [x], [g])[1]
+    return f
 
 
-def _cases(args):
-    if args.quick:
-        return [(m, n, "table") for m, n in QUICK_SHAPES]
-    cases = [(m, n, "table") for m, n in SHAPES]
-    if not args.no_sweep:
-        cases += [(m, n, "sweep") for n in SWEEP_N for m in SWEEP_M]
-    return cases
+def contenders(kind, w):
+    """[(direction, impl, fn(x, g))]: one shape's figures. The ceilings come
+    first only for readability; every repeat rotates the order anyway."""
+    fwd_ceiling = ("fwd", CEILING["fwd"], lambda x, g: -x)
+    if kind == "decode":
+        return [fwd_ceiling,
+                ("fwd", "ours", lambda x, g: rms_norm(x, w, EPS)),
+                ("fwd", BUILTIN, lambda x, g: _builtin_rms_norm(x, w, EPS))]
+    if kind == "training":
+        return [("bwd", CEILING["bwd"], lambda x, g: x + g),
+                ("bwd", "ours", _vjp_both(rms_norm, w)),
+                ("bwd", BUILTIN, _vjp_both(_builtin_rms_norm, w)),
+                ("bwd_gx", "ours", _vjp_gx(rms_norm, w)),
+                ("bwd_gx", BUILTIN, _vjp_gx(_builtin_rms_norm, w)),
+                fwd_ceiling,
+                ("fwd", "ours", lambda x, g: rms_norm(x, w, EPS)),
+                ("fwd", BUILTIN, lambda x, g: _builtin_rms_norm(x, w, EPS))]
+    return [("bwd", CEILING["bwd"], lambda x, g: x + g),
+            ("bwd", "ours auto", lambda x, g: rms_norm_vjp(x, w, g, EPS)),
+            ("bwd", "ours naive", lambda x, g: rms_norm_vjp(x, w, g, EPS, algorithm="naive")),
+            ("bwd", BUILTIN, _vjp_both(_builtin_rms_norm, w)),
+            fwd_ceiling,
+            ("fwd", "ours", lambda x, g: rms_norm(x, w, EPS)),
+            ("fwd", BUILTIN, lambda x, g: _builtin_rms_norm(x, w, EPS))]
 
 
-def _inputs(m, n, dtype, n_sets):
-    key = mx.random.key(m * 131 + n)
+def cases(sections, quick):
+    """[(kind, shape)] in run order; shape is (M, N) or (rows, heads, N)."""
+    out = []
+    for kind in sections:
+        if quick:
+            out += [(kind, s) for s in QUICK[kind]]
+        elif kind == "table":
+            out += [(kind, s) for s in SHAPES]
+        elif kind == "sweep":
+            out += [(kind, (m, n)) for n in SWEEP_N for m in SWEEP_M]
+        elif kind == "training":
+            out += [(kind, (m, n)) for n in TRAIN_N for m in TRAIN_M]
+            out += [(kind, (m, n)) for n in QK_N for m in QK_M]
+        elif kind == "decode":
+            out += [(kind, (r, n)) for n in DECODE_N for r in DECODE_ROWS]
+            out += [(kind, (r, h, DECODE_HEAD_DIM)) for h in DECODE_HEADS for r in DECODE_ROWS]
+    return out
+
+
+def _inputs(shape, dtype, n_sets):
+    seed = 1
+    for d in shape:
+        seed = seed * 131 + d
+    key = mx.random.key(seed % (1 << 31))
     sets = []
-    for i in range(n_sets):
+    for _ in range(n_sets):
         kx, kg, key = mx.random.split(key, 3)
-        sets.append(
-            (mx.random.normal((m, n), key=kx).astype(dtype),
-             mx.random.normal((m, n), key=kg).astype(dtype))
-        )
-    w = (1 + 0.1 * mx.random.normal((n,), key=key)).astype(dtype)
+        sets.append((mx.random.normal(shape, key=kx).astype(dtype),
+                     mx.random.normal(shape, key=kg).astype(dtype)))
+    # weight in x's dtype, as in a bf16 checkpoint (the built-in's fast path)
+    w = (1 + 0.1 * mx.random.normal((shape[-1],), key=key)).astype(dtype)
     mx.eval(sets, w)
     return sets, w
 
 
-def run_case(m, n, dtype, calls, repeats, device):
+# ------------------------------------------------------------------- timing
+
+def _sample_many(fn, sets, calls):
+    """(build, eval) seconds per call with `calls` calls in one mx.eval."""
+    t0 = time.perf_counter()
+    outs = [fn(*sets[i % len(sets)]) for i in range(calls)]
+    t1 = time.perf_counter()
+    mx.eval(outs)
+    t2 = time.perf_counter()
+    return (t1 - t0) / calls, (t2 - t1) / calls
+
+
+def _sample_single(fn, sets, i):
+    """Seconds of one call in its own mx.eval (graph building not counted)."""
+    out = fn(*sets[i % len(sets)])
+    t0 = time.perf_counter()
+    mx.eval(out)
+    return time.perf_counter() - t0
+
+
+def time_interleaved(figures, sets, calls, repeats, singles):
+    """Samples for every figure: {index: dict(build=[], many=[], single=[])}.
+    Round 0 is a warm-up (plans, kernel handles, MLX's graph cache, our pool's
+    cache) and is dropped; each later round times every figure once, in an
+    order that starts one further along each round, so no figure always runs
+    right after the same neighbour."""
+    k = len(figures)
+    samples = {i: dict(build=[], many=[], single=[]) for i in range(k)}
+    for r in range(repeats + 1):
+        order = [(r + j) % k for j in range(k)]
+        round_ = {i: dict(build=[], many=[], single=[]) for i in range(k)}
+        for i in order:
+            b, e = _sample_many(figures[i], sets, calls)
+            round_[i]["build"].append(b)
+            round_[i]["many"].append(e)
+        for s in range(singles):
+            for i in order:
+                round_[i]["single"].append(_sample_single(figures[i], sets, r * singles + s))
+        if r > 0:
+            for i in range(k):
+                for key in ("build", "many", "single"):
+                    samples[i][key] += round_[i][key]
+    return samples
+
+
+def _stats(values):
+    v = sorted(values)
+    if len(v) >= 2:
+        q1, _, q3 = statistics.quantiles(v, n=4, method="inclusive")
+    else:
+        q1 = q3 = v[0]
+    return dict(med=statistics.median(v), min=v[0], max=v[-1], q1=q1, q3=q3)
+
+
+def run_case(kind, shape, dtype, calls, repeats, singles, device):
     size = dtype.size
-    tensor = m * n * size
-    n_sets = max(2, min(8, -(-L2_BYTES // (2 * tensor)) + 1))
-    sets, w = _inputs(m, n, dtype, n_sets)
-    bwd_bytes = 3 * tensor + 2 * n * size
-    fwd_bytes = 2 * tensor + n * size
-
-    def builtin_bwd(x, g):
-        return mx.vjp(lambda x, w: mx.fast.rms_norm(x, w, EPS), [x, w], [g])[1]
-
-    contenders = {
-        ("bwd", "ceiling (x+g)"): (lambda x, g: x + g, bwd_bytes),
-        ("bwd", "ours auto"): (lambda x, g: rms_norm_vjp(x, w, g, EPS), bwd_bytes),
-        ("bwd", "ours naive"): (lambda x, g: rms_norm_vjp(x, w, g, EPS, algorithm="naive"), bwd_bytes),
-        ("bwd", "mx.fast"): (builtin_bwd, bwd_bytes),
-        ("fwd", "ceiling (-x)"): (lambda x, g: -x, fwd_bytes),
-        ("fwd", "ours"): (lambda x, g: rms_norm(x, w, EPS), fwd_bytes),
-        ("fwd", "mx.fast"): (lambda x, g: mx.fast.rms_norm(x, w, EPS), fwd_bytes),
-    }
-    rows = []
+    numel = 1
+    for d in shape:
+        numel *= d
+    tensor = numel * size
+    n = shape[-1]
+    if kind == "decode":
+        calls = max(calls, DECODE_CALLS)
+        n_sets = 4
+    else:
+        n_sets = max(2, min(MAX_SETS, -(-L2_BYTES // tensor) + 1))
+    bytes_of = {"fwd": 2 * tensor + n * size, "bwd": 3 * tensor + 2 * n * size,
+                "bwd_gx": 3 * tensor + n * size}
     with mx.stream(device):
-        for (direction, name), (fn, nbytes) in contenders.items():
-            t_many = _time_many(fn, sets, calls, repeats)
-            t_one = _time_single(fn, sets, repeats)
-            rows.append(dict(direction=direction, impl=name, M=m, N=n,
-                             dtype=str(dtype).split(".")[-1], bytes=nbytes,
-                             us=t_many * 1e6, us_single=t_one * 1e6,
-                             gbs=nbytes / t_many / 1e9))
-    for direction in ("bwd", "fwd"):
-        group = [r for r in rows if r["direction"] == direction]
-        ceiling = group[0]["gbs"]
-        builtin = next(r for r in group if r["impl"] == "mx.fast")["us"]
-        for r in group:
-            r["pct_ceiling"] = 100 * r["gbs"] / ceiling
-            r["speedup_vs_builtin"] = builtin / r["us"]
-    del sets
+        sets, w = _inputs(shape, dtype, n_sets)
+        figs = contenders(kind, w)
+        samples = time_interleaved([f for _, _, f in figs], sets, calls, repeats, singles)
+    del sets, w
     mx.clear_cache()
+    _trim()
+
+    label = "x".join(str(d) for d in shape)
+    m = numel // n
+    # Decode: the host's graph building is the cost a generation step pays
+    # for every call, so it is part of the figure there.
+    timing = "build+eval" if kind == "decode" else "eval"
+    per_repeat = {}
+    for i, (direction, impl, _) in enumerate(figs):
+        s = samples[i]
+        us = [1e6 * (b + e) if kind == "decode" else 1e6 * e for b, e in zip(s["build"], s["many"])]
+        per_repeat[direction, impl] = us
+    # gx-only shares the backward's ceiling (same bytes but gw, which is tiny)
+    for direction in ("bwd_gx",):
+        if any(d == direction for d, _, _ in figs):
+            per_repeat[direction, CEILING[direction]] = per_repeat["bwd", CEILING["bwd"]]
+
+    rows = []
+    for i, (direction, impl, _) in enumerate(figs):
+        s = samples[i]
+        us = per_repeat[direction, impl]
+        st = _stats(us)
+        single = _stats([1e6 * t for t in s["single"]])
+        ceil_us = per_repeat[direction, CEILING[direction]]
+        builtin_us = per_repeat.get((direction, BUILTIN))
+        pct = [100 * c / u for c, u in zip(ceil_us, us)]
+        row = dict(kind=kind, direction=direction, impl=impl, shape=label, M=m, N=n,
+                   dtype=str(dtype).split(".")[-1], bytes=bytes_of[direction],
+                   calls=calls, repeats=len(us), timing=timing,
+                   us=st["med"], us_min=st["min"], us_max=st["max"],
+                   us_q1=st["q1"], us_q3=st["q3"],
+                   us_build=1e6 * statistics.median(s["build"]),
+                   us_single=single["med"], us_single_min=single["min"],
+                   us_single_max=single["max"],
+                   gbs=bytes_of[direction] / st["med"] / 1e3,
+                   ceiling_us=statistics.median(ceil_us),
+                   pct_ceiling=100 * statistics.median(ceil_us) / st["med"],
+                   pct_ceiling_min=min(pct), pct_ceiling_max=max(pct))
+        if builtin_us is not None:
+            ratios = [b / u for b, u in zip(builtin_us, us)]
+            row.update(speedup_vs_builtin=statistics.median(builtin_us) / st["med"],
+                       speedup_min=min(ratios), speedup_max=max(ratios))
+        row["samples_us"] = us
+        row["samples_single_us"] = [1e6 * t for t in s["single"]]
+        rows.append(row)
     return rows
 
 
-def print_table(rows, kind):
-    hdr = (f"{'dir':4} {'M x N':>13} {'impl':17} {'us':>9} {'us/1-eval':>10} "
-           f"{'GB/s':>7} {'% ceil':>7} {'x builtin':>9}")
+def _trim():
+    # our pool caches freed blocks up to the most ever live: give a large
+    # shape's blocks back before the next shape (its warm-up round refills)
+    try:
+        from . import trim_device_memory
+
+        trim_device_memory()
+    except Exception:  # not in every build; a nicety
+        pass
+
+
+# ------------------------------------------------------------------- output
+
+def _spread(med, lo, hi, fmt="{:.1f}"):
+    return f"{fmt.format(med)} [{fmt.format(lo)}-{fmt.format(hi)}]"
+
+
+def _get(rows, kind, shape, direction, impl):
+    for r in rows:
+        if (r["kind"], r["shape"], r["direction"], r["impl"]) == (kind, shape, direction, impl):
+            return r
+    return None
+
+
+def print_impl_table(rows, kind):
+    """The table/sweep layout: one line per figure."""
+    hdr = (f"{'dir':4} {'M x N':>13} {'impl':14} {'us median [min-max]':>24} "
+           f"{'us/1-eval':>9} {'GB/s':>6} {'% ceil':>7} {'x builtin [min-max]':>20}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         if r["kind"] != kind:
             continue
-        print(f"{r['direction']:4} {str(r['M']) + 'x' + str(r['N']):>13} {r['impl']:17} "
-              f"{r['us']:9.1f} {r['us_single']:10.1f} {r['gbs']:7.0f} "
-              f"{r['pct_ceiling']:6.1f}% {r['speedup_vs_builtin']:8.2f}x")
+        x = r.get("speedup_vs_builtin")
+        ratio = _spread(x, r["speedup_min"], r["speedup_max"], "{:.2f}") if x else ""
+        print(f"{r['direction']:4} {r['shape']:>13} {r['impl']:14} "
+              f"{_spread(r['us'], r['us_min'], r['us_max']):>24} {r['us_single']:9.1f} "
+              f"{r['gbs']:6.0f} {r['pct_ceiling']:6.1f}% {ratio:>20}")
 
 
-def plot(rows, path):
+def print_direction_table(rows, kind, direction):
+    """Training/decode layout: one line per shape, ours next to the built-in."""
+    shapes = list(dict.fromkeys(r["shape"] for r in rows
+                                if r["kind"] == kind and r["direction"] == direction))
+    if not shapes:
+        return
+    first = _get(rows, kind, shapes[0], direction, "ours")
+    what = ("us per call incl. graph building" if kind == "decode"
+            else "us per call")
+    print(f"\n{kind}, {DIRECTION_TITLE[direction]}: {what}, {first['calls']} calls per eval, "
+          f"median [min-max] of {first['repeats']} interleaved repeats; "
+          f"ratio = built-in / ours; ceiling = {CEILING[direction]}")
+    hdr = (f"{'shape':>14} {'ours':>22} {'mx.fast':>22} {'ratio':>18} "
+           f"{'ours %ceil':>10} {'mx %ceil':>9} {'ceil us':>8} {'1-eval ours':>11} {'1-eval mx':>9}")
+    print(hdr)
+    print("-" * len(hdr))
+    for s in shapes:
+        o = _get(rows, kind, s, direction, "ours")
+        b = _get(rows, kind, s, direction, BUILTIN)
+        print(f"{s:>14} {_spread(o['us'], o['us_min'], o['us_max']):>22} "
+              f"{_spread(b['us'], b['us_min'], b['us_max']):>22} "
+              f"{_spread(o['speedup_vs_builtin'], o['speedup_min'], o['speedup_max'], '{:.2f}'):>18} "
+              f"{o['pct_ceiling']:9.0f}% {b['pct_ceiling']:8.0f}% {o['ceiling_us']:8.1f} "
+              f"{o['us_single']:11.1f} {b['us_single']:9.1f}")
+
+
+def plot(rows, path, title):
+    """One panel per (section, direction): every shape's contenders as % of
+    the ceiling, median with a min-max bar. Returns False without matplotlib."""
     try:
         import matplotlib
 
@@ -164,39 +378,85 @@ def plot(rows, path):
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
         return False
-    fig, ax = plt.subplots(figsize=(8, 5))
-    colors = dict(zip(SWEEP_N, ["tab:blue", "tab:orange", "tab:green"]))
-    styles = {"ours auto": "-", "ours naive": "--", "mx.fast": ":"}
-    for n in SWEEP_N:
-        for impl, style in styles.items():
-            pts = sorted((r["M"], r["us"]) for r in rows
-                         if r["kind"] == "sweep" and r["N"] == n
-                         and r["direction"] == "bwd" and r["impl"] == impl)
-            if pts:
-                ax.plot(*zip(*pts), style, color=colors[n], marker="o", ms=3,
-                        label=f"N={n} {impl}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("rows M")
-    ax.set_ylabel("backward time per call (us)")
-    ax.set_title("RMSNorm backward, bf16: solid = ours (persistent), dashed = naive chain, "
-                 "dotted = mx.fast", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    present = {(r["kind"], r["direction"]) for r in rows}
+    panels = [(k, d) for k in ("training", "decode", "table", "sweep")
+              for d in ("fwd", "bwd", "bwd_gx") if (k, d) in present]
+    width = max(8.0, 0.28 * max(len({r["shape"] for r in rows if (r["kind"], r["direction"]) == p})
+                                for p in panels))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(width, 3.2 * len(panels)), squeeze=False)
+    colors = {"ours": "tab:blue", "ours auto": "tab:blue", "ours naive": "tab:green",
+              BUILTIN: "tab:orange"}
+    for ax, (kind, direction) in zip(axes[:, 0], panels):
+        shapes = list(dict.fromkeys(r["shape"] for r in rows
+                                    if r["kind"] == kind and r["direction"] == direction))
+        xs = range(len(shapes))
+        impls = list(dict.fromkeys(r["impl"] for r in rows if r["kind"] == kind
+                                   and r["direction"] == direction
+                                   and not r["impl"].startswith("ceiling")))
+        for j, impl in enumerate(impls):
+            pts = [_get(rows, kind, s, direction, impl) for s in shapes]
+            off = (j - (len(impls) - 1) / 2) * 0.25
+            med = [p["pct_ceiling"] for p in pts]
+            err = [[m - p["pct_ceiling_min"] for m, p in zip(med, pts)],
+                   [p["pct_ceiling_max"] - m for m, p in zip(med, pts)]]
+            ax.errorbar([x + off for x in xs], med, yerr=err, fmt="o", ms=3, capsize=2,
+                        color=colors.get(impl), label=impl)
+        ax.axhline(100, color="gray", lw=0.8, ls="--")
+        # a noisy repeat's bar must not squash the medians into a line
+        ax.set_ylim(0, max(110, min(ax.get_ylim()[1], 160)))
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(shapes, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("% of ceiling")
+        what = " (us incl. graph building)" if kind == "decode" else ""
+        ax.set_title(f"{kind}: {DIRECTION_TITLE[direction]}, vs {CEILING[direction]}{what}",
+                     fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / fig.get_figheight()))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
     return True
+
+
+def write_outputs(rows, base, meta):
+    flat = [{k: v for k, v in r.items() if not k.startswith("samples")} for r in rows]
+    fields = list(dict.fromkeys(k for r in flat for k in r))
+    with open(base + ".csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(flat)
+    with open(base + ".json", "w") as f:
+        json.dump(dict(meta, rows=rows), f, indent=1)
+
+
+def parse_sections(args):
+    if args.sections:
+        sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+        bad = [s for s in sections if s not in SECTIONS]
+        if bad:
+            raise SystemExit(f"unknown section(s) {bad}; choose from {SECTIONS}")
+        return sections
+    if args.training:
+        return ["training", "decode"]
+    if args.no_sweep:
+        return ["table"]
+    return list(SECTIONS)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="three small shapes (CI, CPU)")
+    p.add_argument("--quick", action="store_true", help="a few small shapes per section (CI, CPU)")
+    p.add_argument("--training", action="store_true", help="only the training and decode shapes")
     p.add_argument("--no-sweep", action="store_true", help="only the nine table shapes")
+    p.add_argument("--sections", default="", help=f"comma list from {','.join(SECTIONS)}")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--calls", type=int, default=20, help="calls per eval (kernel timing)")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=7, help="interleaved repeats per figure")
+    p.add_argument("--singles", type=int, default=3, help="one-call evals per figure and repeat")
     p.add_argument("--out", default="bench-results", help="folder for CSV, JSON, PNG")
     args = p.parse_args(argv)
+    sections = parse_sections(args)
 
     gpu = mx.is_available(mx.gpu)
     from . import has_cuda_kernels
@@ -204,30 +464,37 @@ def main(argv=None):
     device = mx.gpu if gpu and has_cuda_kernels else mx.cpu
     dtype = getattr(mx, args.dtype)
     if args.quick:
-        args.calls, args.repeats = min(args.calls, 4), min(args.repeats, 3)
-    print(f"device: {device}, dtype: {args.dtype}, {args.calls} calls per eval, "
-          f"median of {args.repeats}")
+        args.calls, args.repeats, args.singles = min(args.calls, 4), min(args.repeats, 3), 1
+    print(f"device: {device}, dtype: {args.dtype}, sections: {','.join(sections)}, "
+          f"{args.calls} calls per eval, {args.repeats} interleaved repeats "
+          f"(+1 warm-up), {args.singles} one-call evals per repeat")
+    t_start = time.perf_counter()
     rows = []
-    for m, n, kind in _progress(_cases(args), "cases"):
-        for r in run_case(m, n, dtype, args.calls, args.repeats, device):
-            r["kind"] = kind
-            rows.append(r)
+    for kind, shape in _progress(cases(sections, args.quick), "shapes"):
+        rows += run_case(kind, shape, dtype, args.calls, args.repeats, args.singles, device)
+    elapsed = time.perf_counter() - t_start
 
     os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, f"bench_{args.dtype}")
-    with open(base + ".csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    with open(base + ".json", "w") as f:
-        json.dump(dict(device=str(device), dtype=args.dtype, rows=rows), f, indent=1)
-    if any(r["kind"] == "sweep" for r in rows):
-        if plot(rows, base + ".png"):
-            print(f"plot: {base}.png")
-        print("\nsweep (M from 1024 to 65536):")
-        print_table(rows, "sweep")
-    print(f"\nresults: {base}.csv, {base}.json\n")
-    print_table(rows, "table")
+    suffix = "" if sections == SECTIONS else "_" + "-".join(sections)
+    base = os.path.join(args.out, f"bench_{args.dtype}{suffix}")
+    write_outputs(rows, base, dict(device=str(device), dtype=args.dtype, sections=sections,
+                                   calls=args.calls, repeats=args.repeats, quick=args.quick,
+                                   seconds=elapsed))
+    if plot(rows, base + ".png", f"RMSNorm {args.dtype} on {device}: median and min-max of "
+                                 f"{args.repeats} interleaved repeats"):
+        print(f"plot: {base}.png")
+    if "sweep" in sections:
+        print(f"\nsweep: us per call, {args.calls} calls per eval, median [min-max] of "
+              f"{args.repeats} interleaved repeats")
+        print_impl_table(rows, "sweep")
+    for kind in ("training", "decode"):
+        for direction in ("fwd", "bwd", "bwd_gx"):
+            print_direction_table(rows, kind, direction)
+    if "table" in sections:
+        print(f"\nnine shapes: us per call, {args.calls} calls per eval, median [min-max] of "
+              f"{args.repeats} interleaved repeats")
+        print_impl_table(rows, "table")
+    print(f"\nresults: {base}.csv, {base}.json ({elapsed:.0f} s)")
     return 0
 
 
