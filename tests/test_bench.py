@@ -1,0 +1,229 @@
+"""The benchmarks' code paths on the CPU: mlx_rmsnorm.bench in quick mode
+writes CSV, JSON and a plot with sane columns, its contenders compute what
+their names say, its repeats are interleaved; examples/bench_train_step.py
+trains tiny mlx-lm models with the built-in and the plugin and sees the
+plugin's primitives in the patched rounds only. No timing is asserted."""
+
+import csv
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import mlx.core as mx
+import pytest
+from conftest import TOL, random, rel_err, to_numpy
+
+import mlx_rmsnorm
+from mlx_rmsnorm import bench
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_STEP = os.path.join(ROOT, "examples", "bench_train_step.py")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    assert bench.main(["--quick", "--out", str(out)]) == 0
+    return out
+
+
+def test_quick_run_writes_csv_json_png(quick_run):
+    base = os.path.join(quick_run, "bench_bfloat16")
+    with open(base + ".csv") as f:
+        rows = list(csv.DictReader(f))
+    with open(base + ".json") as f:
+        data = json.load(f)
+    with open(base + ".png", "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert data["sections"] == bench.SECTIONS and len(data["rows"]) == len(rows)
+    expected = {(k, "x".join(map(str, s))) for k, s in bench.cases(bench.SECTIONS, quick=True)}
+    assert {(r["kind"], r["shape"]) for r in rows} == expected
+    for r in data["rows"]:
+        assert len(r["samples_us"]) == r["repeats"] == data["repeats"]
+        assert r["us_min"] <= r["us_q1"] <= r["us"] <= r["us_q3"] <= r["us_max"]
+        assert r["us"] == statistics.median(r["samples_us"])
+        assert r["us_single_min"] <= r["us_single"] <= r["us_single_max"]
+        assert r["timing"] == ("build+eval" if r["kind"] == "decode" else "eval")
+        assert r["pct_ceiling_min"] <= r["pct_ceiling_max"]
+        if r["impl"].startswith("ceiling"):
+            assert r["pct_ceiling"] == pytest.approx(100)
+        else:
+            assert r["pct_ceiling"] == pytest.approx(100 * r["ceiling_us"] / r["us"])
+            assert r["speedup_min"] <= r["speedup_max"]
+
+
+def test_every_shape_has_ours_builtin_and_ceiling(quick_run):
+    with open(os.path.join(quick_run, "bench_bfloat16.json")) as f:
+        rows = json.load(f)["rows"]
+    directions = {"table": {"fwd", "bwd"}, "sweep": {"fwd", "bwd"}, "decode": {"fwd"},
+                  "training": {"fwd", "bwd", "bwd_gx"}}
+    for kind, shape in bench.cases(bench.SECTIONS, quick=True):
+        label = "x".join(map(str, shape))
+        mine = [r for r in rows if (r["kind"], r["shape"]) == (kind, label)]
+        assert {r["direction"] for r in mine} == directions[kind]
+        for d in directions[kind]:
+            impls = {r["impl"] for r in mine if r["direction"] == d}
+            assert "mx.fast" in impls and any(i.startswith("ours") for i in impls)
+            b = next(r for r in mine if r["direction"] == d and r["impl"] == "mx.fast")
+            ours = [r for r in mine if r["direction"] == d and r["impl"].startswith("ours")]
+            for o in ours:
+                assert o["speedup_vs_builtin"] == pytest.approx(b["us"] / o["us"])
+                assert o["ceiling_us"] == b["ceiling_us"]
+
+
+@pytest.mark.parametrize("argv, sections, suffix", [
+    (["--training"], ["training", "decode"], "_training-decode"),
+    (["--no-sweep"], ["table"], "_table"),
+    (["--sections", "decode"], ["decode"], "_decode"),
+])
+def test_modes_pick_their_sections(tmp_path, argv, sections, suffix):
+    assert bench.main(argv + ["--quick", "--repeats", "2", "--out", str(tmp_path)]) == 0
+    base = os.path.join(tmp_path, "bench_bfloat16" + suffix)
+    with open(base + ".json") as f:
+        data = json.load(f)
+    assert data["sections"] == sections
+    assert {r["kind"] for r in data["rows"]} == set(sections)
+    assert os.path.getsize(base + ".png") > 0 and os.path.getsize(base + ".csv") > 0
+
+
+def test_full_run_covers_the_training_and_decode_shapes():
+    cases = bench.cases(["training", "decode"], quick=False)
+    training = {s for k, s in cases if k == "training"}
+    assert {(m, n) for m in (4096, 8192, 16384, 32768)
+            for n in (896, 1024, 2048, 2560, 3584, 4096, 5120, 8192)} <= training
+    assert {(m, n) for m in (65536, 131072, 262144) for n in (64, 128, 256)} <= training
+    assert len(training) == 41
+    decode = {s for k, s in cases if k == "decode"}
+    assert {(r, n) for r in (1, 8, 64) for n in (1024, 2048, 4096, 8192)} <= decode
+    assert {(r, h, 128) for r in (1, 8, 64) for h in (8, 32)} <= decode
+    assert [k for k, _ in bench.cases(bench.SECTIONS, quick=False)].count("table") == 9
+
+
+@pytest.mark.parametrize("kind", ["table", "training", "decode"])
+def test_contenders_compute_what_they_are_named(kind):
+    """A benchmark that timed the wrong computation would be worse than none:
+    each contender against the float64-backed built-in of its direction."""
+    dtype = mx.float32
+    x, g = random((24, 96), dtype, 1), random((24, 96), dtype, 2)
+    w = random((96,), dtype, 3, scale=0.1, offset=1.0)
+    y_ref = mx.fast.rms_norm(x, w, bench.EPS)
+    gx_ref, gw_ref = mx.vjp(lambda x, w: mx.fast.rms_norm(x, w, bench.EPS), [x, w], [g])[1]
+    with mx.stream(mx.cpu):
+        for direction, impl, fn in bench.contenders(kind, w):
+            out = fn(x, g)
+            if impl.startswith("ceiling"):
+                ref = -x if direction == "fwd" else x + g
+                assert mx.array_equal(out, ref), (direction, impl)
+            elif direction == "fwd":
+                assert rel_err(out, to_numpy(y_ref)) <= TOL[dtype], impl
+            elif direction == "bwd":
+                gx, gw = out
+                assert rel_err(gx, to_numpy(gx_ref)) <= TOL[dtype], impl
+                assert rel_err(gw, to_numpy(gw_ref)) <= TOL[dtype], impl
+            else:  # gx only: the weight is not differentiated
+                assert direction == "bwd_gx" and len(out) == 1
+                assert rel_err(out[0], to_numpy(gx_ref)) <= TOL[dtype], impl
+    names = {(d, i) for d, i, _ in bench.contenders(kind, w)}
+    assert ("fwd", "mx.fast") in names and ("fwd", "ceiling (-x)") in names
+
+
+def test_ours_is_reached_through_mx_vjp_in_training():
+    """The training section times what mx.grad runs: the plugin's forward
+    primitive differentiated by MLX, not rms_norm_vjp called directly."""
+    from conftest import graph_text
+
+    x, g = random((8, 32), mx.float32, 1), random((8, 32), mx.float32, 2)
+    w = mx.ones((32,))
+    figs = {(d, i): f for d, i, f in bench.contenders("training", w)}
+    for d in ("bwd", "bwd_gx"):
+        text = graph_text(figs[d, "ours"](x, g)[0])
+        assert "RMSNormPluginVJP" in text
+        assert "RMSNormPlugin" not in graph_text(figs[d, "mx.fast"](x, g)[0])
+
+
+def test_repeats_are_interleaved_round_robin():
+    calls = []
+
+    def figure(name):
+        def fn(x, g):
+            calls.append(name)
+            return x
+        return fn
+
+    sets = [(mx.zeros((2,)), mx.zeros((2,)))]
+    samples = bench.time_interleaved([figure(n) for n in "abc"], sets, calls=2, repeats=3, singles=1)
+    # per round: each figure's many-calls sample (2 calls), then one single each
+    rounds = [calls[i:i + 9] for i in range(0, len(calls), 9)]
+    assert len(rounds) == 4  # warm-up + 3
+    for r, seq in enumerate(rounds):
+        order = [("abc" * 2)[(r + j) % 3] for j in range(3)]
+        assert seq == [n for n in order for _ in range(2)] + order
+    for s in samples.values():  # the warm-up round is dropped
+        assert len(s["many"]) == len(s["build"]) == 3 and len(s["single"]) == 3
+
+
+def test_stats_of_known_values():
+    st = bench._stats([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (st["med"], st["min"], st["max"], st["q1"], st["q3"]) == (3.0, 1.0, 5.0, 2.0, 4.0)
+
+
+# ------------------------------------------------------------- train step
+
+@pytest.fixture(scope="module")
+def train_step():
+    pytest.importorskip("mlx_lm")
+    spec = importlib.util.spec_from_file_location("bench_train_step", TRAIN_STEP)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_step_quick_run(tmp_path, train_step):
+    """The whole script, as the GPU run calls it, at --quick size (Qwen3 with
+    QK-norm: 2 layers x 4 norms + the final one), both norm modes."""
+    out = tmp_path / "train.json"
+    proc = subprocess.run([sys.executable, TRAIN_STEP, "--quick", "--model", "qwen3-0.6b",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "speedup built-in / plugin" in proc.stdout
+    results = json.loads(out.read_text())["results"]
+    assert [r["norms"] for r in results] == ["trained", "frozen"]
+    for r in results:
+        assert r["norm_calls"] == 9
+        fwd, bwd = r["plugin_nodes"]["mlx_rmsnorm"]
+        assert fwd >= 9 and bwd >= 9
+        assert r["plugin_nodes"]["mx.fast"] == [0, 0]
+        assert len(r["round_ms"]["mx.fast"]) == len(r["round_ms"]["mlx_rmsnorm"]) == 2
+        assert len(r["speedup"]) == 2 and all(s > 0 for s in r["speedup"])
+        assert r["norm_ms"]["mlx_rmsnorm"] > 0 and r["norm_ms"]["mx.fast"] > 0
+
+
+def test_compiled_step_keeps_the_norm_it_was_traced_with(train_step):
+    """Why the script builds a step function per variant: mx.compile caches the
+    traced graph, so patching after the first call changes nothing, and the
+    graph check catches a round that would time the wrong norm."""
+    model, _ = train_step.build_model("qwen3-0.6b", 97, quick=True, frozen=False)
+    opt = train_step.optim.AdamW(learning_rate=1e-5)
+    opt.init(model.trainable_parameters())
+    x = mx.random.randint(0, 97, (2, 9), key=mx.random.key(0))
+    n_norms = len(train_step.record_norm_calls(model, x[:, :-1]))
+    assert n_norms == 9
+    try:
+        mlx_rmsnorm.unpatch()
+        step, state = train_step.make_step(model, opt)
+        mx.eval(step(x[:, :-1], x[:, 1:]), state)
+        mlx_rmsnorm.patch()
+        step(x[:, :-1], x[:, 1:])
+        with pytest.raises(SystemExit, match="RMSNormPluginVJP"):
+            train_step.check_graph(model, plugin=True, n_norms=n_norms)
+        mx.eval(state)
+        fresh, state = train_step.make_step(model, opt)  # traced under the patch
+        fresh(x[:, :-1], x[:, 1:])
+        fwd, bwd = train_step.check_graph(model, plugin=True, n_norms=n_norms)
+        assert fwd >= n_norms and bwd >= n_norms
+        mx.eval(state)
+    finally:
+        mlx_rmsnorm.unpatch()
