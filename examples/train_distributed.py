@@ -81,6 +81,39 @@ def make_model(args):
     return model
 
 
+@mx.custom_function
+def embedding_lookup(w, tokens):
+    return w[tokens]
+
+
+@embedding_lookup.vjp
+def embedding_lookup_vjp(primals, cotangent, output):
+    """The table's gradient as one-hot(tokens)^T @ cotangent, a GEMM: MLX's
+    own vjp of the lookup is a scatter-add, which on CUDA adds the rows of
+    repeated tokens with atomics, in an order that changes from run to run.
+    Costs tokens x vocab memory: for small vocabularies only."""
+    w, tokens = primals
+    t = tokens.reshape(-1)
+    onehot = (t[:, None] == mx.arange(w.shape[0], dtype=t.dtype)[None, :]).astype(cotangent.dtype)
+    gw = onehot.T @ cotangent.reshape(t.size, w.shape[1])
+    return gw.astype(w.dtype), mx.zeros_like(tokens)
+
+
+class GemmGradEmbedding(nn.Embedding):
+    def __call__(self, x):
+        return embedding_lookup(self.weight, x)
+
+
+def use_gemm_embedding_grad(model):
+    """Swaps the token embedding for one whose backward has no atomics
+    (same weight; as_linear, the tied output head, is unchanged)."""
+    parent, name = (model.model, "embed_tokens") if hasattr(model, "model") else (model, "embed")
+    old = getattr(parent, name)
+    new = GemmGradEmbedding(*old.weight.shape)
+    new.weight = old.weight
+    setattr(parent, name, new)
+
+
 def global_batch(args, step, world):
     """Global batch `step`: world x batch sequences of seq + 1 tokens, a
     function of the seed and the step only."""
@@ -100,6 +133,8 @@ def train(args, group, rows, world):
     and the loss are averaged over it. Returns (global losses, seconds per
     step, model)."""
     model = make_model(args)
+    if args.gemm_embedding_grad:
+        use_gemm_embedding_grad(model)
     opt = make_optimizer(args)
     mx.eval(model.parameters())
     state = [model.state, opt.state]
@@ -131,14 +166,39 @@ def train(args, group, rows, world):
     return losses, times, model
 
 
+def host_bytes(a):
+    raw = a.view(mx.uint16) if a.dtype == mx.bfloat16 else a  # NumPy has no bfloat16
+    return np.ascontiguousarray(np.array(raw)).tobytes()
+
+
 def parameter_digest(model):
     """sha256 over every parameter's name, dtype, shape and bytes, in name order."""
     h = hashlib.sha256()
     for name, p in sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0]):
-        raw = p.view(mx.uint16) if p.dtype == mx.bfloat16 else p  # NumPy has no bfloat16
         h.update(f"{name}:{p.dtype}:{p.shape};".encode())
-        h.update(np.ascontiguousarray(np.array(raw)).tobytes())
+        h.update(host_bytes(p))
     return h.hexdigest()
+
+
+def gradient_determinism(args, world, repeats=3):
+    """(names of the parameters whose first-step gradient differs bitwise
+    between evaluations of the same weights and shard, number of parameters).
+    Where a rerun is not bit-identical this says which part of the model is
+    to blame: kernels that add with atomics differ, ours must not."""
+    model = make_model(args)
+    if args.gemm_embedding_grad:
+        use_gemm_embedding_grad(model)
+    tokens = global_batch(args, 0, world)[: args.batch]
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    grad = nn.value_and_grad(model, train_transformer.loss_fn)
+    first, differ = None, set()
+    for _ in range(repeats):
+        g = dict(tree_flatten(grad(model, x, y)[1]))
+        mx.eval(g)
+        bits = {k: hashlib.sha256(host_bytes(v)).digest() for k, v in g.items()}
+        first = first or bits
+        differ |= {k for k in bits if bits[k] != first[k]}
+    return sorted(differ), len(first)
 
 
 def digests_agree(digest, group):
@@ -199,6 +259,10 @@ def main():
     p.add_argument("--digest", action="store_true", help="print a sha256 of the final parameters per rank")
     p.add_argument("--save-npz", metavar="PATH", help="final parameters ({rank} is replaced)")
     p.add_argument("--json", metavar="PATH", help="results per rank ({rank} is replaced)")
+    p.add_argument("--gemm-embedding-grad", action="store_true",
+                   help="embedding backward as a GEMM (no atomics; small vocabularies)")
+    p.add_argument("--check-grad-determinism", action="store_true",
+                   help="rank 0 computes the first step's gradients twice and lists those that differ")
     p.add_argument("--print-every", type=int, default=1)
     args = p.parse_args()
     resolve_defaults(args)
@@ -224,6 +288,15 @@ def main():
               f"{world * args.batch} | {args.optimizer} lr {args.lr} | {args.steps} steps"
               f"{'' if args.no_compile else ', compiled'}", flush=True)
 
+    if args.check_grad_determinism and rank == 0:
+        differ, count = gradient_determinism(args, world)
+        result_extra = dict(grad_nondeterministic=differ)
+        print(f"first-step gradients bitwise reproducible over 3 evaluations: "
+              f"{count - len(differ)} of {count} parameters"
+              + (f"; differ: {', '.join(differ)}" if differ else ""), flush=True)
+    else:
+        result_extra = {}
+
     shard = slice(rank * args.batch, (rank + 1) * args.batch)
     losses, times, model = train(args, group, shard, world)
     step_s = steady_state(times, args.warmup)
@@ -231,7 +304,8 @@ def main():
     result = dict(rank=rank, world=world, model=args.model, precision=args.precision,
                   plugin=not args.builtin, device=str(mx.default_device()), losses=losses,
                   step_ms=1e3 * step_s, tokens_per_s=world * tokens / step_s,
-                  tokens_per_s_per_rank=tokens / step_s, batch=args.batch, seq=args.seq)
+                  tokens_per_s_per_rank=tokens / step_s, batch=args.batch, seq=args.seq,
+                  **result_extra)
     if rank == 0:
         print(f"tokens/s: {world * tokens / step_s:.0f} ({tokens / step_s:.0f} per rank), "
               f"{1e3 * step_s:.2f} ms/step (mean of steps {min(args.warmup, args.steps - 1)}.."
