@@ -1,12 +1,114 @@
-# Builds the extension against the MLX installed in this environment (so use
-# `pip install --no-build-isolation .`): CPU or CUDA flavor, detected by CMake.
-from mlx import extension
-from setuptools import setup
+# The build: CMake, against the MLX of the environment mlx-rmsnorm is installed
+# into (found by build_backend/mlx_rmsnorm_build.py, which pip runs as the
+# PEP 517 backend; `pip install --no-build-isolation .` and plain setuptools
+# commands go through the same code). The built package records that MLX in
+# mlx_rmsnorm/_build_info.py and pins it in its requirements.
+import os
+import sys
+import subprocess
+from pathlib import Path
 
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "build_backend"))
+import mlx_rmsnorm_build as backend  # noqa: E402
+
+PTH_NAME = "mlx_rmsnorm_autopatch.pth"
+# Runs at every interpreter start in the environment, so it only reads an
+# environment variable unless asked to do more.
+PTH_LINE = (
+    "import os; os.environ.get('MLX_RMSNORM_PATCH', '') not in ('', '0') "
+    "and __import__('mlx_rmsnorm')\n"
+)
+
+
+def _target_or_none():
+    try:
+        return backend.target_mlx()
+    except backend.NoMLXError:
+        # An sdist is built without MLX; it carries the open requirement and
+        # is pinned when it is built into a wheel.
+        if "sdist" in sys.argv[1:]:
+            return None
+        raise
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name):
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        info = backend.target_mlx()
+        out = Path(self.get_ext_fullpath(ext.name)).resolve().parent
+        out.mkdir(parents=True, exist_ok=True)
+        cfg = "Debug" if (self.debug or os.environ.get("DEBUG") == "1") else "Release"
+        args = [
+            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out}{os.sep}",
+            f"-DCMAKE_BUILD_TYPE={cfg}",
+            f"-DPython_EXECUTABLE={sys.executable}",
+            f"-DMLX_ROOT={info['mlx_root']}",
+            # libmlx next to us in site-packages; never the build's own paths.
+            "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+            "-DCMAKE_INSTALL_RPATH=$ORIGIN;$ORIGIN/../mlx/lib",
+        ]
+        if info.get("cudnn_root"):
+            args.append(f"-DMLX_RMSNORM_CUDNN_ROOT={info['cudnn_root']}")
+        nvcc = None
+        if (info.get("flavor") or "").startswith("cuda"):
+            nvcc = backend.find_nvcc(info)
+            if nvcc is None:
+                pkgs = " ".join(backend.PIP_NVCC_PACKAGES.get(info["flavor"], ["<the CUDA toolkit>"]))
+                raise RuntimeError(
+                    f"MLX here is the {info['flavor']} flavor, which needs nvcc to build the kernels, "
+                    f"and none was found (CUDACXX, PATH, pip's nvidia/cu13). Put a CUDA toolkit's "
+                    f"nvcc on PATH, or: pip install {pkgs}"
+                )
+            args.append(f"-DCMAKE_CUDA_COMPILER={nvcc[0]}")
+            if nvcc[1]:
+                args.append(f"-DCUDAToolkit_ROOT={nvcc[1]}")
+        args += [a for a in os.environ.get("CMAKE_ARGS", "").split() if a]
+        build_args = [] if "CMAKE_BUILD_PARALLEL_LEVEL" in os.environ else [f"-j{os.cpu_count()}"]
+        tmp = Path(self.build_temp).resolve() / ext.name
+        tmp.mkdir(parents=True, exist_ok=True)
+        print(f"mlx-rmsnorm: building against mlx {info['version']} ({info.get('flavor')}) "
+              f"at {info['mlx_root']}" + (f", nvcc {nvcc[0]}" if nvcc else ""), flush=True)
+        subprocess.run(["cmake", str(HERE), *args], cwd=tmp, check=True)
+        subprocess.run(["cmake", "--build", ".", *build_args], cwd=tmp, check=True)
+        self._write_build_info(info, out)
+
+    def _write_build_info(self, info, out):
+        text = (
+            "# Written by setup.py when the extension was built: the MLX it was built\n"
+            "# against. Checked at `import mlx_rmsnorm` (a different MLX raises ImportError).\n"
+            f"MLX_VERSION = {info['version']!r}\n"
+            f"MLX_FLAVOR = {info.get('flavor')!r}\n"
+            f"MLX_BACKEND_VERSION = {info.get('backend_version')!r}\n"
+        )
+        targets = {out / "_build_info.py"}
+        if self.inplace or getattr(self, "editable_mode", False):
+            targets.add(HERE / "mlx_rmsnorm" / "_build_info.py")
+        for path in targets:
+            path.write_text(text)
+        # The .pth that honors MLX_RMSNORM_PATCH goes beside the package.
+        (Path(self.build_lib) / PTH_NAME).write_text(PTH_LINE)
+
+    def get_outputs(self):
+        outs = super().get_outputs()
+        base = Path(self.get_ext_fullpath(self.extensions[0].name)).parent
+        return outs + [str(base / "_build_info.py"), str(Path(self.build_lib) / PTH_NAME)]
+
+
+_info = _target_or_none()
 setup(
-    ext_modules=[extension.CMakeExtension("mlx_rmsnorm._ext")],
-    cmdclass={"build_ext": extension.CMakeBuild},
+    install_requires=[backend._mlx_env().requirement(_info) if _info else "mlx>=0.32", "numpy"],
+    ext_modules=[CMakeExtension("mlx_rmsnorm._ext")],
+    cmdclass={"build_ext": CMakeBuild},
     packages=["mlx_rmsnorm"],
     package_data={"mlx_rmsnorm": ["*.pyi", "py.typed"]},
+    include_package_data=False,  # not the C++ sources under mlx_rmsnorm/csrc
     zip_safe=False,
 )

@@ -1,0 +1,71 @@
+"""python -m mlx_rmsnorm [--report] (-m MODULE | MODULE | SCRIPT.py) [ARGS...]
+
+Runs a module (``python -m MODULE ARGS``) or a script with
+``mx.fast.rms_norm`` -- and with it every ``nn.RMSNorm`` -- routed through
+the plugin, the way ``python -m cProfile`` wraps a program. For mlx-lm's
+command-line tools:
+
+    python -m mlx_rmsnorm mlx_lm lora --model ... --train --data ...
+    python -m mlx_rmsnorm -m mlx_lm.lora --model ...
+    python -m mlx_rmsnorm train.py --steps 100
+
+A first argument that names an existing file or ends in ``.py`` is a script;
+otherwise a module. ``--report`` (or MLX_RMSNORM_REPORT=1) prints at exit how
+many of our primitives and the built-in's the run's gradient graphs held.
+Without this wrapper, MLX_RMSNORM_PATCH=1 patches any program in the
+environment (README: "mlx-lm's command-line tools").
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+USAGE = "usage: python -m mlx_rmsnorm [--report] (-m MODULE | MODULE | SCRIPT.py) [ARGS...]"
+
+
+def _parse(argv: list[str]) -> tuple[bool, str, str, list[str]]:
+    report = False
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("-h", "--help"):
+            print(__doc__.strip())
+            raise SystemExit(0)
+        if a == "--report":
+            report = True
+            i += 1
+            continue
+        if a == "-m":
+            if i + 1 >= len(argv):
+                break
+            return report, "module", argv[i + 1], argv[i + 2 :]
+        if a.startswith("-"):
+            print(f"{USAGE}\nunknown option {a!r}", file=sys.stderr)
+            raise SystemExit(2)
+        kind = "script" if (a.endswith(".py") or os.path.isfile(a)) else "module"
+        return report, kind, a, argv[i + 1 :]
+    print(USAGE, file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    report, kind, target, args = _parse(sys.argv[1:] if argv is None else argv)
+    import mlx_rmsnorm
+    from mlx_rmsnorm import _autopatch
+
+    mlx_rmsnorm.patch()
+    if report:
+        _autopatch.install_report()
+    if kind == "module":
+        sys.argv = [target, *args]  # run_module puts the module's file in argv[0]
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = [target, *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        runpy.run_path(target, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Patching from outside the program: the environment variables and the
+report that shows which RMSNorm primitives a run's gradients used.
+
+MLX_RMSNORM_PATCH=1   ``patch()`` at ``import mlx_rmsnorm``; the package
+                      installs a .pth file that imports it at interpreter
+                      start when the variable is set, so any program in the
+                      environment (``mlx_lm.lora``, a script) runs patched.
+MLX_RMSNORM_REPORT=1  at exit, print to stderr how many RMSNorm primitives
+                      (ours and the built-in's) the gradient graphs held.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import os
+import re
+import sys
+
+import mlx.core as mx
+
+_PRIMITIVES = ("RMSNormPlugin", "RMSNormPluginVJP", "RMSNorm", "RMSNormVJP")
+# Graphs of the first calls only: under mx.compile those are the traces, and
+# exporting a large eager graph at every step would cost a real run time.
+_MAX_GRAPHS = 8
+
+_counts = dict.fromkeys(_PRIMITIVES, 0)
+_graphs = 0
+_installed = False
+
+
+def _enabled(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
+def _count(*outputs) -> None:
+    global _graphs
+    if _graphs >= _MAX_GRAPHS:
+        return
+    _graphs += 1
+    dot = io.StringIO()
+    mx.export_to_dot(dot, *outputs)
+    for label in re.findall(r'label ="([^"]+)"', dot.getvalue()):
+        if label in _counts:
+            _counts[label] += 1
+
+
+def _counting(transform):
+    def wrapped_transform(*args, **kwargs):
+        fn = transform(*args, **kwargs)
+
+        def wrapped(*a, **k):
+            out = fn(*a, **k)
+            try:
+                _count(out)
+            except Exception as e:  # a report must never break the run
+                print(f"mlx_rmsnorm report: could not read a graph ({e})", file=sys.stderr)
+            return out
+
+        return wrapped
+
+    wrapped_transform.__wrapped__ = transform
+    return wrapped_transform
+
+
+def summary() -> str:
+    import mlx_rmsnorm
+
+    c = _counts
+    return (
+        f"mlx_rmsnorm report: patched={mlx_rmsnorm.is_patched()} gradient_graphs={_graphs} "
+        f"RMSNormPlugin={c['RMSNormPlugin']} RMSNormPluginVJP={c['RMSNormPluginVJP']} "
+        f"builtin_RMSNorm={c['RMSNorm']} builtin_RMSNormVJP={c['RMSNormVJP']}"
+    )
+
+
+def install_report() -> None:
+    """Count RMSNorm primitives in the graphs of ``mx.grad`` /
+    ``mx.value_and_grad`` (and so ``nn.value_and_grad``, which mlx-lm's
+    trainer uses) and print them at exit."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    mx.value_and_grad = _counting(mx.value_and_grad)
+    mx.grad = _counting(mx.grad)
+    atexit.register(lambda: print(summary(), file=sys.stderr, flush=True))
+
+
+def from_environment() -> None:
+    import mlx_rmsnorm
+
+    if _enabled("MLX_RMSNORM_PATCH"):
+        mlx_rmsnorm.patch()
+    if _enabled("MLX_RMSNORM_REPORT"):
+        install_report()
