@@ -12,6 +12,10 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+from ._version_check import check as _check_mlx_version
+
+_check_mlx_version()  # before anything loads libmlx: the MLX built against?
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -85,3 +89,10 @@ def patched() -> Iterator[None]:
     finally:
         if not was:
             unpatch()
+
+
+# MLX_RMSNORM_PATCH / MLX_RMSNORM_REPORT (the .pth installed with the package
+# imports us at interpreter start when MLX_RMSNORM_PATCH is set).
+from ._autopatch import from_environment as _from_environment  # noqa: E402
+
+_from_environment()
