@@ -221,7 +221,7 @@ def bench(name, frozen, args):
                 raise SystemExit(f"{name}: non-finite loss in a {variant} round")
             round_ms[variant].append(1e3 * statistics.median(times))
     mlx_rmsnorm.unpatch()
-    del steps, opt, model
+    del steps, step, state, loss, opt, model, batches, tokens  # free before the norm timing
     mx.clear_cache()
     norm_s = norm_seconds(calls, frozen, args.norm_reps)
     mx.clear_cache()

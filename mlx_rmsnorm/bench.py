@@ -28,7 +28,9 @@ starting contender rotating), after one discarded warm-up round; tables give
 the median and [min-max]. Two ways: `--calls` independent calls in one
 mx.eval (kernel time: MLX's per-eval cost amortised; inputs rotate over
 buffers totalling more than 64 MiB so the L2 does not serve them) and one call
-per mx.eval (the latency of a lone call). builtin/ours is the ratio of the
+per mx.eval (the latency of a lone call; `--singles` of them per repeat).
+Graph building is timed apart (us_build) and left out of both figures, except
+in the decode section's many-calls figure. builtin/ours is the ratio of the
 medians, its spread the range of the per-repeat ratios. Writes CSV, JSON
 (with every sample) and a PNG (each shape's contenders as % of the ceiling).
 """
