@@ -16,10 +16,11 @@ w = mx.ones((8,))
         (lambda: mlx_rmsnorm.rms_norm(x, mx.ones((3,)), 1e-5), "x has 8 and weight has 3"),
         (lambda: mlx_rmsnorm.rms_norm(x, mx.ones((1, 8)), 1e-5), "1 dimension but has 2"),
         (lambda: mlx_rmsnorm.rms_norm(x.astype(mx.int32), None, 1e-5), "unsupported type int32"),
-        (lambda: mlx_rmsnorm.rms_norm(x, w.astype(mx.int8), 1e-5), "unsupported type int8"),
+        (lambda: mlx_rmsnorm.rms_norm(x.astype(mx.int8), w.astype(mx.int8), 1e-5), "unsupported type int8"),
+        (lambda: mlx_rmsnorm.rms_norm(x.astype(mx.complex64), None, 1e-5), "unsupported type complex64"),
         (lambda: mlx_rmsnorm.rms_norm_vjp(x, w, mx.ones((4, 7)), 1e-5), "g must have the shape of x"),
         (lambda: mlx_rmsnorm.rms_norm_vjp(x, mx.ones((9,)), x, 1e-5), "x has 8 and weight has 9"),
-        (lambda: mlx_rmsnorm.rms_norm_vjp(x, w, x.astype(mx.int32), 1e-5), "floating"),
+        (lambda: mlx_rmsnorm.rms_norm_vjp(x, w, x.astype(mx.int32), 1e-5), "floating array but has dtype int32"),
         (lambda: mlx_rmsnorm.rms_norm_vjp(x, w, x, 1e-5, algorithm="fast"), "algorithm must be one of"),
     ],
 )

@@ -46,15 +46,15 @@ NB_MODULE(_ext, m) {
   m.def(
       "rms_norm_vjp",
       [](const mx::array& x, const std::optional<mx::array>& weight,
-         const mx::array& g, float eps, const std::string& algorithm,
+         const mx::array& g, float eps, bool need_gw, const std::string& algorithm,
          mx::StreamOrDevice s) -> std::pair<mx::array, std::optional<mx::array>> {
         auto out = mlx_rmsnorm::rms_norm_vjp(
-            x, weight, g, eps, mlx_rmsnorm::parse_algorithm(algorithm), s);
+            x, weight, g, eps, mlx_rmsnorm::parse_algorithm(algorithm), need_gw, s);
         if (out.size() == 2) return {out[0], out[1]};
         return {out[0], std::nullopt};
       },
       "x"_a, "weight"_a.none(), "g"_a, "eps"_a, nb::kw_only(),
-      "algorithm"_a = "auto", "stream"_a = nb::none(),
+      "need_gw"_a = true, "algorithm"_a = "auto", "stream"_a = nb::none(),
       R"(Backward of :func:`rms_norm`.
 
         Args:
@@ -63,6 +63,8 @@ NB_MODULE(_ext, m) {
             g (array): Gradient of the loss with respect to ``y``; same shape
               as ``x``.
             eps (float): The forward ``eps``.
+            need_gw (bool): Compute the weight's gradient (default). With
+              ``False`` no work is done for it and ``gw`` is ``None``.
             algorithm (str): GPU backward: ``"auto"`` (default),
               ``"persistent"``, ``"split"`` or ``"naive"`` (the 3-kernel
               baseline). Ignored on the CPU.
@@ -70,8 +72,15 @@ NB_MODULE(_ext, m) {
 
         Returns:
             tuple(array, array or None): ``(gx, gw)``; ``gw`` is ``None``
-            without a weight.
+            without a weight or with ``need_gw=False``.
         )");
+
+  // Used by mlx_rmsnorm/_patching.py around functions that mx.export_function
+  // and mx.exporter trace (MLX does not expose its own flag).
+  m.def("_set_export_tracing", &mlx_rmsnorm::set_export_tracing, "on"_a,
+        "Sets this thread's export-tracing flag; returns the previous value.");
+  m.def("_export_tracing", &mlx_rmsnorm::export_tracing,
+        "Whether this thread is tracing a function for export.");
 
   m.def(
       "device_memory",

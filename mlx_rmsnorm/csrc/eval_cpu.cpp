@@ -14,31 +14,60 @@ namespace mlx_rmsnorm {
 
 namespace {
 
-// Converts between an array's storage and fp32 rows.
-struct Row {
+// Reads rows of an array into fp32, whatever its layout: row-contiguous
+// arrays (the common case) row by row from one offset; transposed, sliced or
+// broadcast ones (the op passes inputs as they come, with no Contiguous node)
+// through their strides.
+struct Rows {
   mx::Dtype dtype;
   const char* base;
+  bool contiguous;
+  int64_t inner;                 // stride of the last axis, in elements
+  std::vector<int> lead_shape;   // the axes before the last
+  std::vector<int64_t> lead_strides;
 
-  static Row of(const mx::array& a) {
-    return {a.dtype(), static_cast<const char*>(a.data<void>())};
+  static Rows of(const mx::array& a) {
+    Rows r{a.dtype(), static_cast<const char*>(a.data<void>()),
+           a.flags().row_contiguous, 1, {}, {}};
+    if (!r.contiguous && a.ndim() > 0) {
+      r.inner = a.strides().back();
+      r.lead_shape.assign(a.shape().begin(), a.shape().end() - 1);
+      r.lead_strides.assign(a.strides().begin(), a.strides().end() - 1);
+    }
+    return r;
+  }
+
+  int64_t row_offset(int64_t row, int n) const {
+    if (contiguous) return row * n;
+    int64_t off = 0;
+    for (int k = static_cast<int>(lead_shape.size()) - 1; k >= 0; --k) {
+      off += (row % lead_shape[k]) * lead_strides[k];
+      row /= lead_shape[k];
+    }
+    return off;
   }
 
   void load(int64_t row, int n, float* dst) const {
-    int64_t start = row * n;
-    for (int i = 0; i < n; ++i) dst[i] = at(start + i);
-  }
-
-  float at(int64_t i) const {
+    int64_t start = row_offset(row, n);
+    int64_t step = contiguous ? 1 : inner;
     switch (dtype) {
       case mx::float32:
-        return reinterpret_cast<const float*>(base)[i];
+        copy(reinterpret_cast<const float*>(base), start, step, n, dst);
+        break;
       case mx::float16:
-        return static_cast<float>(reinterpret_cast<const mx::float16_t*>(base)[i]);
+        copy(reinterpret_cast<const mx::float16_t*>(base), start, step, n, dst);
+        break;
       case mx::bfloat16:
-        return static_cast<float>(reinterpret_cast<const mx::bfloat16_t*>(base)[i]);
+        copy(reinterpret_cast<const mx::bfloat16_t*>(base), start, step, n, dst);
+        break;
       default:
         throw std::runtime_error("[mlx_rmsnorm] unsupported dtype");
     }
+  }
+
+  template <typename T>
+  static void copy(const T* p, int64_t start, int64_t step, int n, float* dst) {
+    for (int i = 0; i < n; ++i) dst[i] = static_cast<float>(p[start + i * step]);
   }
 };
 
@@ -79,12 +108,6 @@ float blocked_sum(int n, Term term) {
   return total;
 }
 
-void require_row_contiguous(const mx::array& a) {
-  if (!a.flags().row_contiguous) {
-    throw std::runtime_error("[mlx_rmsnorm] internal: input is not row-contiguous");
-  }
-}
-
 void allocate(mx::array& out) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
 }
@@ -95,7 +118,6 @@ void RMSNorm::eval_cpu(const std::vector<mx::array>& inputs,
                        std::vector<mx::array>& outputs) {
   const mx::array& x = inputs[0];
   mx::array& y = outputs[0];
-  for (auto& a : inputs) require_row_contiguous(a);
   allocate(y);
   auto& enc = mx::cpu::get_command_encoder(stream());
   for (auto& a : inputs) enc.set_input_array(a);
@@ -105,8 +127,8 @@ void RMSNorm::eval_cpu(const std::vector<mx::array>& inputs,
   const int64_t rows = n == 0 ? 0 : x.size() / n;
   const bool has_w = has_weight_;
   const float eps = eps_;
-  Row xr = Row::of(x);
-  Row wr = Row::of(has_w ? inputs[1] : x);
+  Rows xr = Rows::of(x);
+  Rows wr = Rows::of(has_w ? inputs[1] : x);
   enc.dispatch([=, y = mx::array::unsafe_weak_copy(y)]() mutable {
     std::vector<float> xv(n), w(n, 1.f);
     if (has_w) wr.load(0, n, w.data());
@@ -124,7 +146,6 @@ void RMSNormVJP::eval_cpu(const std::vector<mx::array>& inputs,
                           std::vector<mx::array>& outputs) {
   const mx::array& x = inputs[0];
   const mx::array& g = inputs.back();
-  for (auto& a : inputs) require_row_contiguous(a);
   for (auto& o : outputs) allocate(o);
   auto& enc = mx::cpu::get_command_encoder(stream());
   for (auto& a : inputs) enc.set_input_array(a);
@@ -133,14 +154,15 @@ void RMSNormVJP::eval_cpu(const std::vector<mx::array>& inputs,
   const int n = x.shape(-1);
   const int64_t rows = n == 0 ? 0 : x.size() / n;
   const bool has_w = has_weight_;
+  const bool with_gw = has_gw();
   const float eps = eps_;
-  Row xr = Row::of(x), gr = Row::of(g);
-  Row wr = Row::of(has_w ? inputs[1] : x);
+  Rows xr = Rows::of(x), gr = Rows::of(g);
+  Rows wr = Rows::of(has_w ? inputs[1] : x);
   auto gx = mx::array::unsafe_weak_copy(outputs[0]);
-  auto gw = has_w ? mx::array::unsafe_weak_copy(outputs[1]) : gx;
+  auto gw = with_gw ? mx::array::unsafe_weak_copy(outputs[1]) : gx;
   enc.dispatch([=]() mutable {
     std::vector<float> xv(n), gv(n), w(n, 1.f), out(n);
-    std::vector<float> gw_total(n, 0.f), gw_part(n, 0.f);
+    std::vector<float> gw_total(with_gw ? n : 0, 0.f), gw_part(with_gw ? n : 0, 0.f);
     if (has_w) wr.load(0, n, w.data());
     for (int64_t r = 0; r < rows; ++r) {
       xr.load(r, n, xv.data());
@@ -149,18 +171,17 @@ void RMSNormVJP::eval_cpu(const std::vector<mx::array>& inputs,
       float dot = blocked_sum(n, [&](int i) { return gv[i] * w[i] * xv[i]; });
       float rstd = 1.f / std::sqrt(ss / n + eps);
       float c = dot / n * rstd * rstd * rstd;
-      for (int i = 0; i < n; ++i) {
-        out[i] = rstd * w[i] * gv[i] - xv[i] * c;
-        gw_part[i] += gv[i] * xv[i] * rstd;
-      }
+      for (int i = 0; i < n; ++i) out[i] = rstd * w[i] * gv[i] - xv[i] * c;
       store(gx, r * n, out.data(), n);
+      if (!with_gw) continue;
+      for (int i = 0; i < n; ++i) gw_part[i] += gv[i] * xv[i] * rstd;
       if ((r + 1) % kBlock == 0 || r + 1 == rows) {  // blocks of rows, as above
         for (int i = 0; i < n; ++i) gw_total[i] += gw_part[i];
         std::fill(gw_part.begin(), gw_part.end(), 0.f);
       }
     }
     // gw: summed over all rows in fp32, cast once.
-    if (has_w) store(gw, 0, gw_total.data(), n);
+    if (with_gw) store(gw, 0, gw_total.data(), n);
   });
 }
 

@@ -1,6 +1,17 @@
 // RMSNorm written with MLX ops. The primitives use these only where no kernel
-// of ours applies: as the function that jvp, vmap and second-order vjp
-// differentiate, never for the plain forward or backward.
+// of ours applies: float64 (MLX's GPU has no float64, and our kernels read
+// 16- and 32-bit floats only), and as the function that jvp, vmap and
+// second-order vjp differentiate; never for the plain fp32/fp16/bf16 forward
+// or backward.
+//
+// One formula for every path, the kernels' (cuda/backward.cuh, eval_cpu.cpp):
+//   r = rsqrt(mean(x^2) + eps), c = ((mean(v * x) * r) * r) * r, v = g * w,
+//   gx = r * v - x * c, gw = sum over rows of g * x * r,
+// multiplied in that order so that no intermediate is larger than r^2: with
+// eps = 0 and rows of RMS down to ~1e-19 nothing overflows in fp32 (r^3 alone
+// would from RMS ~1e-13). The derivatives of r are written out (rstd() below)
+// in the same spirit, so that jvp and second-order gradients stay finite
+// where the first-order ones are.
 #pragma once
 
 #include <optional>
@@ -12,14 +23,19 @@ namespace mlx_rmsnorm::reference {
 
 namespace mx = mlx::core;
 
-// y, computed in fp32 and cast to result_type(x, w).
+// The dtype the reference computes in for a result of type `out_type`:
+// float64 for float64, fp32 otherwise.
+mx::Dtype compute_type(mx::Dtype out_type);
+
+// y, computed in compute_type(result_type(x, w)) and cast to that result type.
 mx::array forward(const mx::array& x, const std::optional<mx::array>& w,
                   float eps, mx::StreamOrDevice s = {});
 
-// {gx, gw} (gw only with a weight), in fp32 and cast to x's and w's dtypes.
+// {gx} or {gx, gw} (gw only with a weight and need_gw), computed in
+// compute_type(result_type(x, w)) and cast to x's and w's dtypes.
 std::vector<mx::array> backward(const mx::array& x,
                                 const std::optional<mx::array>& w,
-                                const mx::array& g, float eps,
+                                const mx::array& g, float eps, bool need_gw,
                                 mx::StreamOrDevice s = {});
 
 // Tangents for every primal: the given ones at `argnums`, zeros elsewhere

@@ -1,8 +1,10 @@
 #include "rms_norm.h"
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
+#include "mlx/fast.h"
 #include "mlx/ops.h"
 #include "mlx/transforms.h"
 #include "reference.h"
@@ -12,17 +14,23 @@ namespace mlx_rmsnorm {
 
 namespace {
 
-bool is_supported(mx::Dtype t) {
-  return t == mx::float32 || t == mx::float16 || t == mx::bfloat16;
-}
-
 std::string dtype_str(mx::Dtype t) {
   std::ostringstream os;
   os << t;
   return os.str();
 }
 
+thread_local bool export_tracing_ = false;
+
 }  // namespace
+
+bool export_tracing() { return export_tracing_; }
+
+bool set_export_tracing(bool on) {
+  bool was = export_tracing_;
+  export_tracing_ = on;
+  return was;
+}
 
 mx::Dtype check_inputs(const char* op, const mx::array& x,
                        const std::optional<mx::array>& weight) {
@@ -33,35 +41,53 @@ mx::Dtype check_inputs(const char* op, const mx::array& x,
     fail("Input must have at least 1 dimension but got input with 0 "
          "dimensions.");
   }
-  if (!is_supported(x.dtype())) {
-    fail("Received unsupported type " + dtype_str(x.dtype()) +
-         " for x; expected float32, float16 or bfloat16.");
+  if (weight) {
+    if (weight->ndim() != 1) {
+      fail("weight must have 1 dimension but has " +
+           std::to_string(weight->ndim()) + " dimensions.");
+    }
+    if (weight->size() != static_cast<size_t>(x.shape(-1))) {
+      fail("weight must have the same size as the last dimension of x, but "
+           "x has " + std::to_string(x.shape(-1)) + " and weight has " +
+           std::to_string(weight->size()) + " elements.");
+    }
   }
-  if (!weight) return x.dtype();
-  if (weight->ndim() != 1) {
-    fail("weight must have 1 dimension but has " +
-         std::to_string(weight->ndim()) + " dimensions.");
+  // The built-in's rule: any inputs whose result type is floating.
+  auto out_type =
+      weight ? mx::promote_types(x.dtype(), weight->dtype()) : x.dtype();
+  if (!mx::issubdtype(out_type, mx::floating)) {
+    fail("Received unsupported type " + dtype_str(out_type) +
+         " (the result type of x " + dtype_str(x.dtype()) +
+         (weight ? " and weight " + dtype_str(weight->dtype()) : "") +
+         "); expected a floating type.");
   }
-  if (weight->size() != static_cast<size_t>(x.shape(-1))) {
-    fail("weight must have the same size as the last dimension of x, but x "
-         "has " + std::to_string(x.shape(-1)) + " and weight has " +
-         std::to_string(weight->size()) + " elements.");
-  }
-  if (!is_supported(weight->dtype())) {
-    fail("Received unsupported type " + dtype_str(weight->dtype()) +
-         " for weight; expected float32, float16 or bfloat16.");
-  }
-  return mx::promote_types(x.dtype(), weight->dtype());
+  return out_type;
 }
 
+mx::array kernel_input(const mx::array& a, mx::Dtype out_type, mx::Stream s) {
+  return is_kernel_dtype(a.dtype()) ? a : mx::astype(a, out_type, s);
+}
+
+// Inputs go to the primitive as they are: no Contiguous node (eval_cpu and
+// eval_gpu read strided inputs, or copy them, themselves) and a cast only
+// where a dtype is one the kernels do not read.
 mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight,
                    float eps, mx::StreamOrDevice s) {
   auto out_type = check_inputs("rms_norm", x, weight);
+  if (export_tracing_) return mx::fast::rms_norm(x, weight, eps, s);
   auto stream = mx::to_stream(s);
-  // The kernels walk rows of contiguous memory; contiguous() is free when
-  // the input already is (it shares the buffer).
-  std::vector<mx::array> inputs = {mx::contiguous(x, false, stream)};
-  if (weight) inputs.push_back(mx::contiguous(*weight, false, stream));
+  if (out_type == mx::float64) {
+    auto xf = mx::issubdtype(x.dtype(), mx::floating) ? x : mx::astype(x, out_type, stream);
+    std::optional<mx::array> wf;
+    if (weight) {
+      wf = mx::issubdtype(weight->dtype(), mx::floating)
+               ? *weight
+               : mx::astype(*weight, out_type, stream);
+    }
+    return reference::forward(xf, wf, eps, stream);
+  }
+  std::vector<mx::array> inputs = {kernel_input(x, out_type, stream)};
+  if (weight) inputs.push_back(kernel_input(*weight, out_type, stream));
   return mx::array(x.shape(), out_type,
                    std::make_shared<RMSNorm>(stream, eps, weight.has_value()),
                    std::move(inputs));
@@ -71,10 +97,20 @@ std::vector<mx::array> RMSNorm::vjp(const std::vector<mx::array>& primals,
                                     const std::vector<mx::array>& cotangents,
                                     const std::vector<int>& argnums,
                                     const std::vector<mx::array>&) {
+  // The primals passed the op's checks already: build the backward node
+  // directly, with gw only when the weight's gradient is asked for (frozen
+  // norms, LoRA).
   auto w = reference::weight_of(primals, has_weight_);
-  auto grads = rms_norm_vjp(primals[0], w, cotangents[0], eps_,
-                            Algorithm::Auto, stream());
+  bool need_gw = has_weight_ &&
+                 std::find(argnums.begin(), argnums.end(), 1) != argnums.end();
+  auto out_type = w ? mx::promote_types(primals[0].dtype(), w->dtype())
+                    : primals[0].dtype();
+  auto g = cotangents[0];
+  if (g.dtype() != out_type) g = mx::astype(g, out_type, stream());
+  auto grads = detail::make_vjp(primals[0], w, g, eps_, Algorithm::Auto,
+                                need_gw, stream());
   std::vector<mx::array> out;
+  out.reserve(argnums.size());
   for (int i : argnums) out.push_back(grads[i]);
   return out;
 }

@@ -12,7 +12,12 @@ namespace mx = mlx::core;
 
 // y = x * rsqrt(mean(x^2, axis=-1) + eps) * weight, with the contract of
 // mx.fast.rms_norm: x has at least one dimension, weight is 1-D of size
-// x.shape[-1] or absent, and y has dtype result_type(x, weight).
+// x.shape[-1] or absent, y has dtype result_type(x, weight), which must be
+// floating. Integer and bool inputs are cast to that type first (as the
+// built-in does); float64 runs reference.h in float64 (our kernels read
+// 16/32-bit floats only; on a GPU stream MLX refuses float64, as it does for
+// the built-in); while an export is being traced (export_tracing()) the op
+// is the built-in's, so the exported file holds what mx.fast.rms_norm writes.
 mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight,
                    float eps, mx::StreamOrDevice s = {});
 
@@ -20,6 +25,21 @@ mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight,
 // side) and returns the output dtype. `op` prefixes the messages.
 mx::Dtype check_inputs(const char* op, const mx::array& x,
                        const std::optional<mx::array>& weight);
+
+// The dtypes our primitives (and so the kernels) take.
+inline bool is_kernel_dtype(mx::Dtype t) {
+  return t == mx::float32 || t == mx::float16 || t == mx::bfloat16;
+}
+
+// `a` itself when its dtype is one the kernels read, else `a` cast to
+// `out_type` (what the built-in does to every input).
+mx::array kernel_input(const mx::array& a, mx::Dtype out_type, mx::Stream s);
+
+// Whether this thread is tracing a function for mx.export_function /
+// mx.exporter (set by the Python hooks in mlx_rmsnorm/_patching.py: MLX keeps
+// its own flag private). set_export_tracing returns the previous value.
+bool export_tracing();
+bool set_export_tracing(bool on);
 
 class RMSNorm : public mx::Primitive {
  public:

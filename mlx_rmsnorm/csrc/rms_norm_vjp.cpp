@@ -1,7 +1,9 @@
 #include "rms_norm_vjp.h"
 
+#include <sstream>
 #include <stdexcept>
 
+#include "mlx/fast.h"
 #include "mlx/ops.h"
 #include "mlx/transforms.h"
 #include "reference.h"
@@ -19,61 +21,112 @@ Algorithm parse_algorithm(const std::string& name) {
       "'naive' but got '" + name + "'.");
 }
 
-std::vector<mx::array> rms_norm_vjp(const mx::array& x,
-                                    const std::optional<mx::array>& weight,
-                                    const mx::array& g, float eps,
-                                    Algorithm algorithm, mx::StreamOrDevice s) {
-  auto out_type = check_inputs("rms_norm_vjp", x, weight);
-  if (g.shape() != x.shape()) {
-    auto str = [](const mx::Shape& shape) {
-      std::string out = "(";
-      for (size_t i = 0; i < shape.size(); ++i)
-        out += (i ? ", " : "") + std::to_string(shape[i]);
-      return out + (shape.size() == 1 ? ",)" : ")");
-    };
-    throw std::invalid_argument("[rms_norm_vjp] g must have the shape of x " +
-                                str(x.shape()) + " but has shape " +
-                                str(g.shape()) + ".");
-  }
-  if (!mx::issubdtype(g.dtype(), mx::floating)) {
-    throw std::invalid_argument("[rms_norm_vjp] g must be a floating array.");
-  }
-  auto stream = mx::to_stream(s);
-  std::vector<mx::array> inputs = {mx::contiguous(x, false, stream)};
-  std::vector<mx::Shape> shapes = {x.shape()};
-  std::vector<mx::Dtype> dtypes = {x.dtype()};
-  if (weight) {
-    inputs.push_back(mx::contiguous(*weight, false, stream));
-    shapes.push_back(weight->shape());
-    dtypes.push_back(weight->dtype());
-  }
-  // g is read in the dtype of y, the tensor it is the gradient of.
-  inputs.push_back(mx::contiguous(mx::astype(g, out_type, stream), false, stream));
-  return mx::array::make_arrays(
-      std::move(shapes), std::move(dtypes),
-      std::make_shared<RMSNormVJP>(stream, eps, weight.has_value(), algorithm),
-      std::move(inputs));
+namespace {
+
+std::string dtype_str(mx::Dtype t) {
+  std::ostringstream os;
+  os << t;
+  return os.str();
 }
 
-namespace {
+std::string shape_str(const mx::Shape& shape) {
+  std::string out = "(";
+  for (size_t i = 0; i < shape.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + (shape.size() == 1 ? ",)" : ")");
+}
+
+// What the built-in's own backward gives, for an export trace: the exported
+// file then holds only MLX's ops.
+std::vector<mx::array> builtin_vjp(const mx::array& x,
+                                   const std::optional<mx::array>& weight,
+                                   const mx::array& g, float eps, bool need_gw,
+                                   mx::StreamOrDevice s) {
+  bool with_w = weight && need_gw;
+  auto f = [&](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{
+        mx::fast::rms_norm(in[0], with_w ? std::optional(in[1]) : weight, eps, s)};
+  };
+  std::vector<mx::array> primals = {x};
+  if (with_w) primals.push_back(*weight);
+  auto out_type = weight ? mx::promote_types(x.dtype(), weight->dtype()) : x.dtype();
+  return mx::vjp(f, primals, {mx::astype(g, out_type, s)}).second;
+}
 
 // The backward as a function of (x, [w,] g) built from MLX ops, which is
 // what jvp, vmap and higher-order vjp differentiate.
-auto reference_backward(float eps, bool has_w, mx::Stream s) {
-  return [eps, has_w, s](const std::vector<mx::array>& in) {
+auto reference_backward(float eps, bool has_w, bool need_gw, mx::Stream s) {
+  return [eps, has_w, need_gw, s](const std::vector<mx::array>& in) {
     return reference::backward(in[0], reference::weight_of(in, has_w),
-                               in.back(), eps, s);
+                               in.back(), eps, need_gw, s);
   };
 }
 
 }  // namespace
 
+namespace detail {
+
+std::vector<mx::array> make_vjp(const mx::array& x,
+                                const std::optional<mx::array>& w,
+                                const mx::array& g, float eps,
+                                Algorithm algorithm, bool need_gw,
+                                mx::Stream s) {
+  need_gw = need_gw && w.has_value();
+  auto prim = std::make_shared<RMSNormVJP>(s, eps, w.has_value(), algorithm, need_gw);
+  std::vector<mx::array> inputs;
+  inputs.reserve(3);
+  inputs.push_back(x);
+  if (w) inputs.push_back(*w);
+  inputs.push_back(g);
+  if (!need_gw) {
+    return {mx::array(x.shape(), x.dtype(), std::move(prim), std::move(inputs))};
+  }
+  return mx::array::make_arrays({x.shape(), w->shape()}, {x.dtype(), w->dtype()},
+                                std::move(prim), std::move(inputs));
+}
+
+}  // namespace detail
+
+std::vector<mx::array> rms_norm_vjp(const mx::array& x,
+                                    const std::optional<mx::array>& weight,
+                                    const mx::array& g, float eps,
+                                    Algorithm algorithm, bool need_gw,
+                                    mx::StreamOrDevice s) {
+  auto out_type = check_inputs("rms_norm_vjp", x, weight);
+  if (g.shape() != x.shape()) {
+    throw std::invalid_argument("[rms_norm_vjp] g must have the shape of x " +
+                                shape_str(x.shape()) + " but has shape " +
+                                shape_str(g.shape()) + ".");
+  }
+  if (!mx::issubdtype(g.dtype(), mx::floating)) {
+    throw std::invalid_argument(
+        "[rms_norm_vjp] g must be a floating array but has dtype " +
+        dtype_str(g.dtype()) + ".");
+  }
+  if (export_tracing()) return builtin_vjp(x, weight, g, eps, need_gw, s);
+  auto stream = mx::to_stream(s);
+  if (out_type == mx::float64) {
+    auto cast = [&](const mx::array& a) {
+      return mx::issubdtype(a.dtype(), mx::floating) ? a : mx::astype(a, out_type, stream);
+    };
+    std::optional<mx::array> w;
+    if (weight) w = cast(*weight);
+    return reference::backward(cast(x), w, g, eps, need_gw, stream);
+  }
+  std::optional<mx::array> w;
+  if (weight) w = kernel_input(*weight, out_type, stream);
+  // g is read in the dtype of y, the tensor it is the gradient of.
+  auto gc = g.dtype() == out_type ? g : mx::astype(g, out_type, stream);
+  return detail::make_vjp(kernel_input(x, out_type, stream), w, gc, eps,
+                          algorithm, need_gw, stream);
+}
+
 std::vector<mx::array> RMSNormVJP::vjp(const std::vector<mx::array>& primals,
                                        const std::vector<mx::array>& cotangents,
                                        const std::vector<int>& argnums,
                                        const std::vector<mx::array>&) {
-  auto grads = mx::vjp(reference_backward(eps_, has_weight_, stream()), primals,
-                       cotangents)
+  auto grads = mx::vjp(reference_backward(eps_, has_weight_, need_gw_, stream()),
+                       primals, cotangents)
                    .second;
   std::vector<mx::array> out;
   for (int i : argnums) out.push_back(grads[i]);
@@ -84,29 +137,29 @@ std::vector<mx::array> RMSNormVJP::jvp(const std::vector<mx::array>& primals,
                                        const std::vector<mx::array>& tangents,
                                        const std::vector<int>& argnums) {
   auto all_tangents = reference::full_tangents(primals, tangents, argnums, stream());
-  return mx::jvp(reference_backward(eps_, has_weight_, stream()), primals,
-                 all_tangents)
+  return mx::jvp(reference_backward(eps_, has_weight_, need_gw_, stream()),
+                 primals, all_tangents)
       .second;
 }
 
 std::pair<std::vector<mx::array>, std::vector<int>> RMSNormVJP::vmap(
     const std::vector<mx::array>& inputs, const std::vector<int>& axes) {
-  std::vector<int> out_axes(has_weight_ ? 2 : 1, 0);
-  auto f = mx::vmap(reference_backward(eps_, has_weight_, stream()), axes,
-                    out_axes);
+  std::vector<int> out_axes(has_gw() ? 2 : 1, 0);
+  auto f = mx::vmap(reference_backward(eps_, has_weight_, need_gw_, stream()),
+                    axes, out_axes);
   return {f(inputs), out_axes};
 }
 
 std::vector<mx::Shape> RMSNormVJP::output_shapes(
     const std::vector<mx::array>& inputs) {
-  if (has_weight_) return {inputs[0].shape(), inputs[1].shape()};
+  if (has_gw()) return {inputs[0].shape(), inputs[1].shape()};
   return {inputs[0].shape()};
 }
 
 bool RMSNormVJP::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const RMSNormVJP&>(other);
   return eps_ == o.eps_ && has_weight_ == o.has_weight_ &&
-         algorithm_ == o.algorithm_;
+         need_gw_ == o.need_gw_ && algorithm_ == o.algorithm_;
 }
 
 }  // namespace mlx_rmsnorm

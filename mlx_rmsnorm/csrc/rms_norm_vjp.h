@@ -18,21 +18,37 @@ enum class Algorithm { Auto = 0, Persistent = 1, Split = 2, Naive = 3 };
 
 Algorithm parse_algorithm(const std::string& name);
 
-// (gx, gw) of y = rms_norm(x, weight, eps) against the cotangent g. gw is
-// absent when weight is. g is cast to result_type(x, weight) first.
+// (gx, gw) of y = rms_norm(x, weight, eps) against the cotangent g; gw is
+// absent without a weight or when need_gw is false (the weight gets no
+// gradient: no gw work at all). Inputs as rms_norm takes them (integer and
+// bool ones are cast to the result type first, float64 runs reference.h);
+// g is cast to result_type(x, weight) when its dtype differs.
 std::vector<mx::array> rms_norm_vjp(const mx::array& x,
                                     const std::optional<mx::array>& weight,
                                     const mx::array& g, float eps,
                                     Algorithm algorithm = Algorithm::Auto,
+                                    bool need_gw = true,
                                     mx::StreamOrDevice s = {});
 
-// Inputs (x, [w,] g); outputs (gx, [gw]).
+namespace detail {
+// The RMSNormVJP node itself, for inputs that already passed the op's
+// checks and casts (x, w in the kernels' dtypes, g in the output's).
+std::vector<mx::array> make_vjp(const mx::array& x,
+                                const std::optional<mx::array>& w,
+                                const mx::array& g, float eps,
+                                Algorithm algorithm, bool need_gw,
+                                mx::Stream s);
+}  // namespace detail
+
+// Inputs (x, [w,] g); outputs (gx) and gw when has_weight && need_gw.
 class RMSNormVJP : public mx::Primitive {
  public:
-  RMSNormVJP(mx::Stream stream, float eps, bool has_weight, Algorithm algorithm)
+  RMSNormVJP(mx::Stream stream, float eps, bool has_weight, Algorithm algorithm,
+             bool need_gw = true)
       : mx::Primitive(stream),
         eps_(eps),
         has_weight_(has_weight),
+        need_gw_(need_gw),
         algorithm_(algorithm) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs,
@@ -58,11 +74,15 @@ class RMSNormVJP : public mx::Primitive {
 
   float eps() const { return eps_; }
   bool has_weight() const { return has_weight_; }
+  bool need_gw() const { return need_gw_; }
+  // Whether gw is an output.
+  bool has_gw() const { return has_weight_ && need_gw_; }
   Algorithm algorithm() const { return algorithm_; }
 
  private:
   float eps_;
   bool has_weight_;
+  bool need_gw_;
   Algorithm algorithm_;
 };
 
