@@ -240,7 +240,7 @@ def print_result(res):
     tok = res["tokens_per_step"]
     print(f"\n{res['model']}, norm weights {res['norms']}: {tok} tokens a step, "
           f"{res['norm_calls']} RMSNorm calls a step; plugin graph nodes (forward, VJP): "
-          f"{res['plugin_nodes']['mlx_rmsnorm']}")
+          f"{res['plugin_nodes']['mlx_rmsnorm']}; {res['seconds']:.0f} s")
     for v, _ in VARIANTS:
         ms = res["round_ms"][v]
         print(f"  {v:12} {spread(ms):>24} ms/step  {spread([tok / m for m in ms], 1e3, '{:.0f}'):>26} "
@@ -298,7 +298,9 @@ def main(argv=None):
     t0 = time.perf_counter()
     for name in names:
         for mode in modes:
+            t1 = time.perf_counter()
             res = bench(name, mode == "frozen", args)
+            res["seconds"] = time.perf_counter() - t1
             print_result(res)
             results.append(res)
             sys.stdout.flush()
