@@ -142,6 +142,10 @@ def test_ours_is_reached_through_mx_vjp_in_training():
         text = graph_text(figs[d, "ours"](x, g)[0])
         assert "RMSNormPluginVJP" in text
         assert "RMSNormPlugin" not in graph_text(figs[d, "mx.fast"](x, g)[0])
+        # the built-in column stays MLX's own under patch() too
+        with mlx_rmsnorm.patched():
+            assert "RMSNormPlugin" not in graph_text(figs[d, "mx.fast"](x, g)[0])
+            assert "RMSNormPlugin" not in graph_text(figs["fwd", "mx.fast"](x, g))
 
 
 def test_repeats_are_interleaved_round_robin():
