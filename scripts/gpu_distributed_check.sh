@@ -48,13 +48,13 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | log
 python3 -c "import mlx.core as mx; print('mlx', mx.__version__, '| NCCL backend available:', mx.distributed.is_available('nccl'))" | log
 echo "GPUs: $NGPU" | log
 
-launch() {  # mlx.launch, or its entry point where the script is not on PATH
-  if command -v mlx.launch >/dev/null; then
-    mlx.launch "$@"
-  else
-    python3 -c "import sys; from mlx._distributed_utils.launch import main; sys.argv[0] = 'mlx.launch'; sys.exit(main())" "$@"
-  fi
-}
+# mlx.launch, or its entry point where the script is not on PATH (an array:
+# timeout runs commands, not shell functions)
+if command -v mlx.launch >/dev/null; then
+  LAUNCH=(mlx.launch)
+else
+  LAUNCH=(python3 -c "import sys; from mlx._distributed_utils.launch import main; sys.argv[0] = 'mlx.launch'; sys.exit(main())")
+fi
 EX=examples/train_distributed.py
 TINY="--device gpu --dims 64 --layers 2 --heads 4 --vocab 128 --seq 32 --batch 4 --steps 2 --precision float32"
 
@@ -72,10 +72,16 @@ if [ "$NGPU" -ge 2 ]; then
   MLX_RMSNORM_DIST_BACKEND=nccl MLX_RMSNORM_DIST_DEVICE=gpu timeout 300 \
     python3 -m pytest -v -p no:cacheprovider -rs tests/test_distributed.py 2>&1 | tee "$OUT/nccl-checks.log" | tail -25
   rc=${PIPESTATUS[0]}
-  [ "$rc" -eq 0 ] || status=1
+  if [ "$rc" -ne 0 ]; then
+    status=1
+    echo "# again with the step uncompiled, to tell whether mx.compile is the cause"
+    MLX_RMSNORM_DIST_ARGS=--no-compile MLX_RMSNORM_DIST_BACKEND=nccl MLX_RMSNORM_DIST_DEVICE=gpu timeout 300 \
+      python3 -m pytest -q -p no:cacheprovider -rs tests/test_distributed.py 2>&1 | tee "$OUT/nccl-checks-no-compile.log" | tail -8
+    echo "NCCL checks uncompiled: $(tail -1 "$OUT/nccl-checks-no-compile.log")" | log
+  fi
   echo "NCCL checks (2 GPUs), pytest rc $rc: $(tail -1 "$OUT/nccl-checks.log")" | log
   # one run's loss table and digests for the note
-  MLX_ENABLE_TF32=0 timeout 120 launch -n 2 --backend nccl -- python3 $EX ${TINY/--steps 2/--steps 8} \
+  MLX_ENABLE_TF32=0 timeout 120 "${LAUNCH[@]}" -n 2 --backend nccl -- python3 $EX ${TINY/--steps 2/--steps 8} --backend nccl \
     --optimizer sgd --lr 0.05 --gemm-embedding-grad --compare --digest 2>&1 </dev/null | tee "$OUT/nccl-compare.log" | tail -16
 else
   echo "SKIPPED: $NGPU GPU(s) here; the NCCL checks need 2 (nvidia-h200-x2)" | log
@@ -87,10 +93,12 @@ for norm in builtin plugin; do
   flag=$([ $norm = builtin ] && echo --builtin)
   echo "# 1 GPU, $norm"
   timeout 240 python3 $EX $BIG $flag --json "$OUT/qwen3-1gpu-$norm.json" 2>&1 | tee "$OUT/qwen3-1gpu-$norm.log" | tail -3
+  [ -f "$OUT/qwen3-1gpu-$norm.json" ] || { echo "1-GPU $norm run wrote no results"; status=1; }
   if [ "$NGPU" -ge 2 ]; then
     echo "# 2 GPUs (NCCL), $norm"
-    timeout 240 launch -n 2 --backend nccl -- python3 $EX $BIG $flag --digest \
+    timeout 240 "${LAUNCH[@]}" -n 2 --backend nccl -- python3 $EX $BIG $flag --backend nccl --digest \
       --json "$OUT/qwen3-2gpu-$norm-rank{rank}.json" 2>&1 </dev/null | tee "$OUT/qwen3-2gpu-$norm.log" | tail -4
+    [ -f "$OUT/qwen3-2gpu-$norm-rank0.json" ] || { echo "2-GPU $norm run wrote no results"; status=1; }
   fi
 done
 [ "$NGPU" -ge 2 ] || echo "SKIPPED: the 2-GPU runs ($NGPU GPU(s) here)" | log

@@ -40,7 +40,8 @@ BATCH, SEQ, STEPS = 4, 32, 8  # per rank: 4 sequences of 32 tokens
 CONFIG = ["--device", DEVICE, "--model", "transformer", "--dims", "64", "--layers", "2",
           "--heads", "4", "--vocab", "128", "--seq", str(SEQ), "--batch", str(BATCH),
           "--steps", str(STEPS), "--optimizer", "sgd", "--lr", "0.05",
-          "--precision", "float32", "--backend", BACKEND, "--gemm-embedding-grad"]
+          "--precision", "float32", "--backend", BACKEND, "--gemm-embedding-grad",
+          *os.environ.get("MLX_RMSNORM_DIST_ARGS", "").split()]  # e.g. --no-compile
 U = 2.0**-24  # unit roundoff of float32
 LAUNCH_TIMEOUT = 180
 
