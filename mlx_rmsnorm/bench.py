@@ -479,7 +479,7 @@ def main(argv=None):
           f"(+1 warm-up), {args.singles} one-call evals per repeat")
     t_start = time.perf_counter()
     rows = []
-    for kind, shape in _progress(cases(sections, args.quick), "shapes"):
+    for kind, shape in _progress(cases(sections, args.quick), "cases"):
         rows += run_case(kind, shape, dtype, args.calls, args.repeats, args.singles, device)
     elapsed = time.perf_counter() - t_start
 
