@@ -23,15 +23,21 @@ The step averages the rank losses (all_sum / world) and the gradients
 (nn.average_gradients: one all_sum of all gradients concatenated when they
 share a dtype), then every rank applies the same update. Since the all-reduce
 hands every rank the same bits and the update is deterministic, every rank
-holds bit-identical parameters after every step; with our deterministic
-RMSNorm backward (no atomics) every rerun does too.
+holds bit-identical parameters after every step. Every rerun does too where
+every kernel of the step is deterministic: our RMSNorm backward is (no
+atomics); MLX's embedding backward is a scatter-add that adds with atomics on
+CUDA (--gemm-embedding-grad replaces it, for small vocabularies), and
+--check-grad-determinism lists the gradients that vary between evaluations.
 
 Flags: --builtin runs MLX's mx.fast.rms_norm instead of patch(); --compare
 makes rank 0 train again, alone, on the full global batch from the same seeds
 and print the largest loss difference; --digest prints (and --json writes) a
 sha256 of every parameter's bytes, and checks across ranks that they agree;
 --save-npz writes the final parameters; --json writes losses, timing and
-digest per rank ("{rank}" in a path is replaced by the rank).
+digest per rank ("{rank}" in a path is replaced by the rank). For float32
+comparisons on a GPU set MLX_ENABLE_TF32=0 (matmuls otherwise round their
+inputs to TF32, and a different kernel for half the rows changes more than
+the summation order).
 
 The launcher (mlx.launch 0.32.4) exits 0 even when a rank fails: read the
 output (or --json files) rather than its exit status.
@@ -262,7 +268,7 @@ def main():
     p.add_argument("--gemm-embedding-grad", action="store_true",
                    help="embedding backward as a GEMM (no atomics; small vocabularies)")
     p.add_argument("--check-grad-determinism", action="store_true",
-                   help="rank 0 computes the first step's gradients twice and lists those that differ")
+                   help="rank 0 computes the first step's gradients 3 times and lists those that differ")
     p.add_argument("--print-every", type=int, default=1)
     args = p.parse_args()
     resolve_defaults(args)
