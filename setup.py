@@ -15,15 +15,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "build_backend"))
 import mlx_rmsnorm_build as backend  # noqa: E402
 
-PTH_NAME = "mlx_rmsnorm_autopatch.pth"
-# Runs at every interpreter start in the environment, so it only reads an
-# environment variable unless asked to do more.
-PTH_LINE = (
-    "import os; os.environ.get('MLX_RMSNORM_PATCH', '') not in ('', '0') "
-    "and __import__('mlx_rmsnorm')\n"
-)
-
-
 def _target_or_none():
     try:
         return backend.target_mlx()
@@ -32,7 +23,7 @@ def _target_or_none():
         # is pinned when it is built into a wheel.
         if "sdist" in sys.argv[1:]:
             return None
-        raise
+        raise SystemExit(f"error: {sys.exc_info()[1]}")  # the message, not a traceback
 
 
 class CMakeExtension(Extension):
@@ -94,12 +85,12 @@ class CMakeBuild(build_ext):
         for path in targets:
             path.write_text(text)
         # The .pth that honors MLX_RMSNORM_PATCH goes beside the package.
-        (Path(self.build_lib) / PTH_NAME).write_text(PTH_LINE)
+        (Path(self.build_lib) / backend.PTH_NAME).write_text(backend.PTH_LINE)
 
     def get_outputs(self):
         outs = super().get_outputs()
         base = Path(self.get_ext_fullpath(self.extensions[0].name)).parent
-        return outs + [str(base / "_build_info.py"), str(Path(self.build_lib) / PTH_NAME)]
+        return outs + [str(base / "_build_info.py"), str(Path(self.build_lib) / backend.PTH_NAME)]
 
 
 _info = _target_or_none()

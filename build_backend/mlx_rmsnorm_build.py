@@ -42,6 +42,15 @@ PIP_NVCC_PACKAGES = {
 PIP_CUDA_SUBDIR = {"cuda13": "cu13"}
 MIN_CMAKE = (3, 24)
 
+# Installed beside the package (site-packages): honors MLX_RMSNORM_PATCH in
+# any program of the environment. It runs at every interpreter start, so it
+# only reads an environment variable unless that is set.
+PTH_NAME = "mlx_rmsnorm_autopatch.pth"
+PTH_LINE = (
+    "import os; os.environ.get('MLX_RMSNORM_PATCH', '') not in ('', '0') "
+    "and __import__('mlx_rmsnorm')\n"
+)
+
 
 class NoMLXError(RuntimeError):
     pass
