@@ -59,13 +59,17 @@ EX=examples/train_distributed.py
 TINY="--device gpu --dims 64 --layers 2 --heads 4 --vocab 128 --seq 32 --batch 4 --steps 2 --precision float32"
 
 step "gradient determinism, one GPU (float32, TF32 off; 3 evaluations of the same step)"
-for variant in "" "--gemm-embedding-grad"; do
+: >"$OUT/determinism.log"
+for variant in "" "--gemm-embedding-grad"; do  # (no pipe around the loop: status must survive)
   for norm in "--builtin" ""; do
-    echo "# ${norm:-plugin} ${variant:-(MLX embedding scatter-add)}"
-    MLX_ENABLE_TF32=0 timeout 120 python3 $EX $TINY $norm $variant --check-grad-determinism 2>&1 \
-      | grep -E "reproducible|Error|error" || { echo "(no result)"; status=1; }
+    echo "# ${norm:-plugin} ${variant:-(MLX embedding scatter-add)}" >>"$OUT/determinism.log"
+    MLX_ENABLE_TF32=0 CUDA_VISIBLE_DEVICES=0 timeout 120 python3 $EX $TINY $norm $variant \
+      --check-grad-determinism >/tmp/determinism-run.log 2>&1
+    grep -E "reproducible|Error" /tmp/determinism-run.log >>"$OUT/determinism.log" \
+      || { tail -5 /tmp/determinism-run.log >>"$OUT/determinism.log"; status=1; }
   done
-done 2>&1 | tee "$OUT/determinism.log" | log
+done
+log <"$OUT/determinism.log"
 
 step "checks with NCCL on 2 GPUs (tests/test_distributed.py)"
 if [ "$NGPU" -ge 2 ]; then
@@ -92,7 +96,7 @@ BIG="--model qwen3-0.6b --precision bfloat16 --device gpu --batch $BATCH --seq $
 for norm in builtin plugin; do
   flag=$([ $norm = builtin ] && echo --builtin)
   echo "# 1 GPU, $norm"
-  timeout 240 python3 $EX $BIG $flag --json "$OUT/qwen3-1gpu-$norm.json" 2>&1 | tee "$OUT/qwen3-1gpu-$norm.log" | tail -3
+  CUDA_VISIBLE_DEVICES=0 timeout 240 python3 $EX $BIG $flag --json "$OUT/qwen3-1gpu-$norm.json" 2>&1 | tee "$OUT/qwen3-1gpu-$norm.log" | tail -3
   [ -f "$OUT/qwen3-1gpu-$norm.json" ] || { echo "1-GPU $norm run wrote no results"; status=1; }
   if [ "$NGPU" -ge 2 ]; then
     echo "# 2 GPUs (NCCL), $norm"
