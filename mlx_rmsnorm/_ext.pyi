@@ -17,9 +17,12 @@ def rms_norm_vjp(
     g: mx.array,
     eps: float,
     *,
+    need_gw: bool = True,
     algorithm: Literal["auto", "persistent", "split", "naive"] = "auto",
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> Tuple[mx.array, Optional[mx.array]]: ...
+def _set_export_tracing(on: bool) -> bool: ...
+def _export_tracing() -> bool: ...
 
 def device_memory(device: int = 0) -> tuple[int, int]:
     """(in_use, reserved) bytes of the plugin's own GPU memory pool."""

@@ -3,7 +3,7 @@
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import DTYPES, TOL, gx_scale, random, ref_backward, ref_forward, rel_err
+from conftest import DTYPES, TOL, graph_text, gx_scale, random, ref_backward, ref_forward, rel_err, to_numpy
 
 import mlx_rmsnorm
 
@@ -118,3 +118,100 @@ def test_matches_builtin(device, dtype):
     for a, b in zip(ours, theirs):
         # the built-in may round its own partials: allow two roundings
         assert rel_err(a, np.array(b.astype(mx.float32), dtype=np.float64)) <= 2 * TOL[t]
+
+
+def test_non_contiguous_inputs_under_grad_and_no_copy_nodes(device):
+    base = random((4, 3, 2 * 64), mx.float32, 25)
+    cases = {
+        "strided": base[:, :, ::2],
+        "transposed": random((3, 4, 64), mx.float32, 26).transpose(1, 0, 2),
+        "inner transposed": random((64, 12), mx.float32, 27).T.reshape(4, 3, 64),
+        "broadcast rows": mx.broadcast_to(random((64,), mx.float32, 28), (4, 3, 64)),
+    }
+    w = random((2 * 64,), mx.float32, 29)[::2]  # strided weight
+    g = mx.broadcast_to(random((3, 64), mx.float32, 30), (4, 3, 64))  # what .sum() losses give
+    for name, x in cases.items():
+        mx.eval(x, w, g)
+        y = mlx_rmsnorm.rms_norm(x, w, 1e-5, stream=device)
+        assert "Contiguous" not in graph_text(y) and "Copy" not in graph_text(y), name
+        check(x, w, g, 1e-5, device)
+        with mx.stream(device):
+            gx, gw = mx.grad(lambda x, w: (mlx_rmsnorm.rms_norm(x, w, 1e-5) * g).sum(), argnums=(0, 1))(x, w)
+        ref_gx, ref_gw = ref_backward(x, w, g, 1e-5)
+        assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= TOL[mx.float32], name
+        assert rel_err(gw, ref_gw) <= TOL[mx.float32], name
+
+
+# --- eps = 0 and rows of tiny RMS: every path, one answer ----------------------
+
+TINY = [1e-15, 1e-17]  # RMS of the rows; r^3 overflows fp32 below ~1e-13
+
+
+def tiny_data(rms, seed):
+    x = random((3, 5, 40), mx.float32, seed, rms)
+    w = random((40,), mx.float32, seed + 1, 0.3, 1.0)
+    g = random((3, 5, 40), mx.float32, seed + 2)
+    t = random((3, 5, 40), mx.float32, seed + 3, rms)  # a tangent of x's size
+    mx.eval(x, w, g, t)
+    return x, w, g, t
+
+
+@pytest.mark.parametrize("rms", TINY)
+def test_eps0_tiny_rows_first_order_paths_agree_with_float64(device, rms):
+    x, w, g, t = tiny_data(rms, 50)
+    ref_gx, ref_gw = ref_backward(x, w, g, 0.0)
+    scale = gx_scale(x, w, g, 0.0)
+    with mx.stream(device):
+        direct, gw = mlx_rmsnorm.rms_norm_vjp(x, w, g, 0.0)
+        via_grad = mx.grad(lambda x: (mlx_rmsnorm.rms_norm(x, w, 0.0) * g).sum())(x)
+        vmapped = mx.vmap(mx.grad(lambda x, g: (mlx_rmsnorm.rms_norm(x, w, 0.0) * g).sum()))(x, g)
+        vmap_w = mx.vmap(lambda x, w, g: mlx_rmsnorm.rms_norm_vjp(x, w, g, 0.0)[0], in_axes=(0, None, 0))(x, w, g)
+        _, (tangent,) = mx.jvp(lambda x: mlx_rmsnorm.rms_norm(x, w, 0.0), [x], [t])
+    for name, gx in [("direct", direct), ("grad", via_grad), ("vmap of grad", vmapped), ("vmap", vmap_w)]:
+        assert rel_err(gx, ref_gx, scale) <= TOL[mx.float32], name
+    assert rel_err(gw, ref_gw) <= TOL[mx.float32]
+    # jvp: J t = r w t - w x mean(x t) r^3, in float64
+    xd, td, wd = to_numpy(x), to_numpy(t), to_numpy(w)
+    r = 1 / np.sqrt(np.mean(xd * xd, axis=-1, keepdims=True))
+    ref_jvp = r * wd * td - wd * xd * np.mean(xd * td, axis=-1, keepdims=True) * r**3
+    assert rel_err(tangent, ref_jvp, np.max(np.abs(r * wd * td))) <= TOL[mx.float32]
+
+
+@pytest.mark.parametrize("rms", TINY)
+def test_eps0_tiny_rows_second_order_is_scale_invariant(device, rms):
+    """With eps = 0, y(a x) = y(x): the gradient scales as 1/a and the
+    Hessian-vector products as 1/a^2. The same rows at RMS ~1 (well inside
+    fp32, checked against the built-in elsewhere) give the reference."""
+    x1, w, g, _ = tiny_data(1.0, 60)
+    u = random((40,), mx.float32, 64)  # sum(gx * x) over a row is 0: weigh the columns
+    a = mx.array(rms, mx.float32)
+    xa = x1 * a
+
+    def h_of(gx, gw, x):
+        return (gx * x * u).sum() + (gw * gw).sum()  # gx * x keeps the scale out
+
+    def second(x):
+        def h(x, w):
+            gx, gw = mx.grad(lambda x, w: (mlx_rmsnorm.rms_norm(x, w, 0.0) * g).sum(), argnums=(0, 1))(x, w)
+            return h_of(gx, gw, x)
+
+        return mx.grad(h, argnums=(0, 1))(x, w)
+
+    with mx.stream(device):
+        (hx1, hw1), (hxa, hwa) = second(x1), second(xa)
+    # float64 of the same function (MLX ops in float64, CPU) at the tiny scale
+    with mx.stream(mx.cpu):
+        hx64, hw64 = mx.grad(
+            lambda x, w: h_of(
+                *mx.grad(lambda x, w: (mlx_rmsnorm.rms_norm(x, w, 0.0) * g.astype(mx.float64)).sum(),
+                         argnums=(0, 1))(x, w), x),
+            argnums=(0, 1),
+        )(xa.astype(mx.float64), w.astype(mx.float64))
+    mx.eval(hx1, hw1, hxa, hwa)
+    for v in (hxa, hwa):
+        assert np.all(np.isfinite(np.array(v)))
+    # hx: the derivative of an O(1) function of x/a: scales as 1/a
+    assert rel_err(np.array(hxa) * rms, to_numpy(hx1)) <= 1e-4
+    assert rel_err(hwa, to_numpy(hw1)) <= 1e-4
+    assert rel_err(np.array(hxa), np.array(hx64)) <= 1e-4
+    assert rel_err(np.array(hwa), np.array(hw64)) <= 1e-4

@@ -1,7 +1,11 @@
 """patch() reroutes mx.fast.rms_norm (and nn.RMSNorm) and unpatch() restores it."""
 
+import importlib
+import threading
+
 import mlx.core as mx
 import mlx.nn as nn
+import pytest
 from conftest import graph_text
 from mlx.utils import tree_flatten
 
@@ -57,3 +61,158 @@ def test_patched_model_matches_builtin():
     assert ours.keys() == theirs.keys() and len(ours) == 5
     for k in ours:
         assert mx.allclose(ours[k], theirs[k], rtol=1e-4, atol=1e-6).item(), k
+
+
+# --- nesting, threads, reload -------------------------------------------------
+
+BUILTIN = mx.fast.rms_norm  # the suite starts unpatched
+
+
+def test_patched_restores_the_state_it_found_whatever_the_body_does():
+    try:
+        mlx_rmsnorm.patch()
+        with mlx_rmsnorm.patched():
+            mlx_rmsnorm.unpatch()
+            assert not mlx_rmsnorm.is_patched()  # the body's call takes effect now
+        assert mlx_rmsnorm.is_patched()  # and the block restores what it found
+        mlx_rmsnorm.unpatch()
+        with mlx_rmsnorm.patched():
+            mlx_rmsnorm.patch()
+            with mlx_rmsnorm.patched():  # nested
+                pass
+            assert mlx_rmsnorm.is_patched()
+        assert not mlx_rmsnorm.is_patched()
+        with pytest.raises(KeyError):  # an exception in the body restores too
+            with mlx_rmsnorm.patched():
+                raise KeyError
+        assert not mlx_rmsnorm.is_patched()
+    finally:
+        mlx_rmsnorm.unpatch()
+    assert mx.fast.rms_norm is BUILTIN
+
+
+def test_overlapping_blocks_in_threads():
+    """A enters, B enters, A exits: B's block still runs the plugin; the last
+    to exit restores the state from before the first entered."""
+    a_in, b_in, a_out, b_checked = (threading.Event() for _ in range(4))
+    seen = {}
+    x = mx.ones((2, 8))
+
+    def a():
+        with mlx_rmsnorm.patched():
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def b():
+        a_in.wait(10)
+        with mlx_rmsnorm.patched():
+            b_in.set()
+            a_out.wait(10)
+            seen["patched"] = mlx_rmsnorm.is_patched()
+            seen["graph"] = graph_text(nn.RMSNorm(8)(x))
+        b_checked.set()
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert b_checked.is_set()
+    assert seen["patched"] and "RMSNormPlugin" in seen["graph"]
+    assert not mlx_rmsnorm.is_patched() and mx.fast.rms_norm is BUILTIN
+
+
+def test_patch_outside_blocks_outlives_other_threads_blocks():
+    entered, release = threading.Event(), threading.Event()
+
+    def block():
+        with mlx_rmsnorm.patched():
+            entered.set()
+            release.wait(10)
+
+    t = threading.Thread(target=block)
+    t.start()
+    try:
+        entered.wait(10)
+        mlx_rmsnorm.patch()  # this thread is in no block: the state that stays
+        release.set()
+        t.join(10)
+        assert mlx_rmsnorm.is_patched()
+    finally:
+        release.set()
+        mlx_rmsnorm.unpatch()
+    assert mx.fast.rms_norm is BUILTIN
+
+
+def test_many_threads_entering_and_leaving():
+    errors = []
+
+    def worker(seed):
+        x = mx.ones((2, 16)) * (seed + 1)
+        try:
+            for _ in range(20):
+                with mlx_rmsnorm.patched():
+                    assert mlx_rmsnorm.is_patched()
+                    mx.eval(mx.fast.rms_norm(x, None, 1e-5))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert not mlx_rmsnorm.is_patched() and mx.fast.rms_norm is BUILTIN
+
+
+def test_reload_keeps_the_builtin_and_open_blocks():
+    try:
+        mlx_rmsnorm.patch()
+        module = importlib.reload(mlx_rmsnorm)
+        assert module.is_patched()
+        module.unpatch()
+        assert mx.fast.rms_norm is BUILTIN
+        with module.patched():
+            importlib.reload(mlx_rmsnorm)
+            assert mlx_rmsnorm.is_patched()
+        assert mx.fast.rms_norm is BUILTIN
+    finally:
+        mlx_rmsnorm.unpatch()
+    assert "RMSNormPlugin" not in graph_text(nn.RMSNorm(8)(mx.ones((2, 8))))
+
+
+# --- RMSNorm is an nn.RMSNorm -------------------------------------------------
+
+
+def test_rmsnorm_is_an_nn_rmsnorm(tmp_path):
+    ours, theirs = mlx_rmsnorm.RMSNorm(24, eps=1e-6), nn.RMSNorm(24, eps=1e-6)
+    assert isinstance(ours, nn.RMSNorm)
+    assert repr(ours) == repr(theirs) == "RMSNorm(24, eps=1e-06)"
+    assert ours.eps == theirs.eps and ours.weight.dtype == theirs.weight.dtype
+    assert tree_flatten(ours.parameters())[0][0] == tree_flatten(theirs.parameters())[0][0] == "weight"
+    theirs.update({"weight": mx.arange(24, dtype=mx.float32) / 7})
+    path = str(tmp_path / "norm.safetensors")
+    theirs.save_weights(path)
+    ours.load_weights(path)  # checkpoints load as they are
+    assert mx.array_equal(ours.weight, theirs.weight).item()
+    x = mx.random.normal((3, 24), key=mx.random.key(1))
+    assert "RMSNormPlugin" in graph_text(ours(x))  # the plugin, patched or not
+    assert mx.allclose(ours(x), theirs(x), rtol=1e-5, atol=1e-6).item()
+    with pytest.raises(ValueError, match="eps"):
+        mlx_rmsnorm.RMSNorm(4, eps=0.0)  # nn.RMSNorm's own check
+
+
+def test_awq_apply_scale_treats_both_alike():
+    awq = pytest.importorskip("mlx_lm.quant.awq")
+    scales = mx.linspace(0.5, 2.0, 16)
+    results = []
+    for cls in (nn.RMSNorm, mlx_rmsnorm.RMSNorm):
+        norm, linear = cls(16), nn.Linear(16, 8)
+        linear.weight = mx.ones((8, 16))
+        awq.apply_scale(norm, [linear], scales)
+        results.append((norm.weight, linear.weight))
+    (nw_a, lw_a), (nw_b, lw_b) = results
+    assert mx.allclose(nw_a, 1.0 / scales).item()  # what mlx-lm does to an RMSNorm
+    assert mx.array_equal(nw_a, nw_b).item() and mx.array_equal(lw_a, lw_b).item()

@@ -1,10 +1,13 @@
 """The plugin under MLX's transforms gives what mx.fast.rms_norm gives."""
 
+import re
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from conftest import random
+from conftest import graph_text, random
+from mlx.utils import tree_flatten, tree_map
 
 import mlx_rmsnorm
 
@@ -146,3 +149,99 @@ def test_module_dropin(device):
         ga = nn.value_and_grad(ours, loss)(ours, x)[1]["weight"]
         gb = nn.value_and_grad(theirs, loss)(theirs, x)[1]["weight"]
         close(ga, gb, 1e-4)
+
+
+# --- no gw work when the weight gets no gradient -------------------------------
+
+
+def vjp_node_outputs(out):
+    """Number of outputs of each RMSNormPluginVJP node in the graph of `out`
+    (one: gx only; two: gx and gw); an int for a graph with a single node."""
+    text = graph_text(out)
+    ids = re.findall(r'\{ (\d+) \[label ="RMSNormPluginVJP"', text)
+    assert ids, text
+    counts = [len(re.findall(rf"^{i} -> ", text, flags=re.M)) for i in ids]
+    return counts[0] if len(counts) == 1 else counts
+
+
+def test_grad_wrt_x_only_builds_no_gw(device, data):
+    x, w, g = data
+    mx.eval(x, w, g)
+    with mx.stream(device), mlx_rmsnorm.patched():
+        loss = lambda x, w: (mx.fast.rms_norm(x, w, EPS) * g).sum()  # noqa: E731
+        gx = mx.grad(loss, argnums=0)(x, w)
+        assert vjp_node_outputs(gx) == 1
+        gx_both, gw = mx.grad(loss, argnums=(0, 1))(x, w)
+        assert vjp_node_outputs(gw) == 2
+        close(gx, gx_both, 0)  # the same kernel, the same bits
+    ref = mx.grad(lambda x, w: (mx.fast.rms_norm(x, w, EPS) * g).sum())(x, w)
+    close(gx, ref)
+
+
+def test_rms_norm_vjp_need_gw_false(device, data):
+    x, w, g = data
+    with mx.stream(device):
+        gx, gw = mlx_rmsnorm.rms_norm_vjp(x, w, g, EPS, need_gw=False)
+        assert gw is None
+        assert vjp_node_outputs(gx) == 1
+        full, _ = mlx_rmsnorm.rms_norm_vjp(x, w, g, EPS)
+        close(gx, full, 0)
+        # every transform of the gx-only node: vmap, jvp, second order
+        a = mx.vmap(lambda x, g: mlx_rmsnorm.rms_norm_vjp(x, w, g, EPS, need_gw=False)[0])(x, g)
+        close(a, full)
+        _, (ja,) = mx.jvp(lambda x: mlx_rmsnorm.rms_norm_vjp(x, w, g, EPS, need_gw=False)[0], [x], [g])
+        _, (jb,) = mx.jvp(lambda x: mlx_rmsnorm.rms_norm_vjp(x, w, g, EPS)[0], [x], [g])
+        close(ja, jb, 1e-5)
+        ha = mx.grad(lambda x: (mlx_rmsnorm.rms_norm_vjp(x, w, g, EPS, need_gw=False)[0] ** 2).sum())(x)
+        hb = mx.grad(lambda x: (mlx_rmsnorm.rms_norm_vjp(x, w, g, EPS)[0] ** 2).sum())(x)
+        close(ha, hb, 1e-5)
+
+
+def test_frozen_norms_train_like_the_builtin(device):
+    def build():
+        model = nn.Sequential(nn.Linear(24, 48), nn.RMSNorm(48), nn.Linear(48, 48), nn.RMSNorm(48),
+                              nn.Linear(48, 8))
+        params = [
+            {"weight": random((48, 24), mx.float32, 40), "bias": random((48,), mx.float32, 41)},
+            {"weight": random((48,), mx.float32, 42, 0.3, 1.0)},
+            {"weight": random((48, 48), mx.float32, 43, 0.2), "bias": random((48,), mx.float32, 44)},
+            {"weight": random((48,), mx.float32, 45, 0.3, 1.0)},
+            {"weight": random((8, 48), mx.float32, 46), "bias": random((8,), mx.float32, 47)},
+        ]
+        model.update({"layers": params})
+        model.layers[1].freeze()
+        model.layers[3].freeze()
+        return model
+
+    x = random((16, 24), mx.float32, 48)
+    y = random((16, 8), mx.float32, 49)
+
+    def loss(m, x, y):
+        return ((m(x) - y) ** 2).mean()
+
+    def train(patched):
+        model = build()
+        step = nn.value_and_grad(model, loss)
+        losses = []
+        for _ in range(5):
+            if patched:
+                with mlx_rmsnorm.patched():
+                    value, grads = step(model, x, y)
+            else:
+                value, grads = step(model, x, y)
+            assert "weight" not in grads["layers"][1] and "weight" not in grads["layers"][3]
+            model.update(tree_map(lambda p, g: p - 0.1 * g, model.trainable_parameters(), grads))
+            mx.eval(model.parameters())
+            losses.append(value.item())
+        return losses, model
+
+    with mx.stream(device):
+        ref_losses, ref_model = train(False)
+        our_losses, our_model = train(True)
+        with mlx_rmsnorm.patched():
+            grads = nn.value_and_grad(our_model, loss)(our_model, x, y)[1]
+            assert vjp_node_outputs(grads["layers"][0]["weight"]) == [1, 1]  # no gw anywhere
+    assert np.allclose(our_losses, ref_losses, rtol=1e-5)
+    assert our_losses[-1] < our_losses[0]
+    for (k, a), (_, b) in zip(tree_flatten(our_model.parameters()), tree_flatten(ref_model.parameters())):
+        close(a, b, 1e-5)

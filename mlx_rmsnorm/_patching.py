@@ -1,0 +1,147 @@
+"""Process-wide routing of ``mx.fast.rms_norm`` through the plugin, and the
+export hooks.
+
+This module's state lives here and not in ``mlx_rmsnorm/__init__.py`` so that
+``importlib.reload(mlx_rmsnorm)`` (which re-runs only ``__init__``) neither
+forgets open ``patched()`` blocks nor mistakes the plugin for the built-in;
+MLX's own function is also kept on ``mlx.core.fast`` itself, which outlives a
+reload of this module too.
+
+Semantics (``mx.fast.rms_norm`` is one attribute for the whole process):
+
+* ``patch()`` / ``unpatch()`` switch it at once, for every thread. Called
+  outside any ``patched()`` block of the calling thread, the switch is the
+  state that stays; called inside one, it lasts until blocks close.
+* ``patched()`` turns the plugin on for its block. Blocks nest and overlap
+  across threads: while any block is open in any thread, a closing block
+  leaves the plugin on (turning it back on if a body switched it off); the
+  last block to close restores the state from before the first one opened,
+  as changed by ``patch()`` / ``unpatch()`` calls made outside blocks
+  meanwhile -- not by calls made inside them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable, Iterator
+
+import mlx.core as mx
+
+from . import _ext
+
+_ATTR = "_mlx_rmsnorm_builtin_rms_norm"
+
+
+def _find_builtin() -> Callable[..., mx.array]:
+    kept = getattr(mx.fast, _ATTR, None)
+    if kept is not None:
+        return kept
+    current = mx.fast.rms_norm
+    if current is _ext.rms_norm:  # cannot happen unless set by hand: no way back
+        raise RuntimeError(
+            "[mlx_rmsnorm] mx.fast.rms_norm is already the plugin and MLX's own "
+            "function was not kept; re-import mlx to restore it."
+        )
+    setattr(mx.fast, _ATTR, current)
+    return current
+
+
+BUILTIN = _find_builtin()
+
+_lock = threading.RLock()
+_open_blocks = 0  # patched() blocks open now, all threads together
+_state_after_blocks = False  # what the last block to close restores
+_local = threading.local()  # .depth: patched() blocks open in this thread
+
+
+def _set(on: bool) -> None:
+    mx.fast.rms_norm = _ext.rms_norm if on else BUILTIN
+
+
+def is_patched() -> bool:
+    """Whether ``mx.fast.rms_norm`` currently runs the plugin."""
+    return mx.fast.rms_norm is _ext.rms_norm
+
+
+def _switch(on: bool) -> None:
+    global _state_after_blocks
+    with _lock:
+        if getattr(_local, "depth", 0) == 0:
+            _state_after_blocks = on
+        _set(on)
+
+
+def patch() -> None:
+    """Route ``mx.fast.rms_norm`` (and so every ``nn.RMSNorm``) through the plugin.
+
+    Process-wide and idempotent; undone by :func:`unpatch`.
+    """
+    _switch(True)
+
+
+def unpatch() -> None:
+    """Restore MLX's built-in ``mx.fast.rms_norm``. Idempotent."""
+    _switch(False)
+
+
+@contextlib.contextmanager
+def patched() -> Iterator[None]:
+    """The plugin inside the block; on leaving the last open block, the state
+    found before the first (see the module's docstring for threads)."""
+    global _open_blocks, _state_after_blocks
+    with _lock:
+        if _open_blocks == 0:
+            _state_after_blocks = is_patched()
+        _open_blocks += 1
+        _local.depth = getattr(_local, "depth", 0) + 1
+        _set(True)
+    try:
+        yield
+    finally:
+        with _lock:
+            _open_blocks -= 1
+            _local.depth -= 1
+            _set(True if _open_blocks else _state_after_blocks)
+
+
+# --- export -------------------------------------------------------------------
+# MLX serializes a graph by primitive name from a fixed table (mlx/export.cpp),
+# so our primitives cannot be written, and its export-tracing flag is not
+# visible to extensions. These wrappers mark the traced function's run, and the
+# op then builds what mx.fast.rms_norm builds: the file holds only MLX's ops
+# and imports where the plugin is not installed.
+
+
+def _marked(fun: Callable[..., Any]) -> Callable[..., Any]:
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        was = _ext._set_export_tracing(True)
+        try:
+            return fun(*args, **kwargs)
+        finally:
+            _ext._set_export_tracing(was)
+
+    return traced
+
+
+def _install_export_hooks() -> None:
+    original_export_function = mx.export_function
+    original_exporter = mx.exporter
+    if getattr(original_export_function, "_mlx_rmsnorm_hook", False):
+        return
+
+    def export_function(file_or_callback: Any, fun: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        return original_export_function(file_or_callback, _marked(fun), *args, **kwargs)
+
+    def exporter(file: str, fun: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return original_exporter(file, _marked(fun), *args, **kwargs)
+
+    for hook, original in ((export_function, original_export_function), (exporter, original_exporter)):
+        hook.__doc__ = original.__doc__
+        hook.__wrapped__ = original  # type: ignore[attr-defined]
+        hook._mlx_rmsnorm_hook = True  # type: ignore[attr-defined]
+    mx.export_function = export_function
+    mx.exporter = exporter
+
+
+_install_export_hooks()
