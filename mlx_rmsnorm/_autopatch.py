@@ -6,7 +6,9 @@ MLX_RMSNORM_PATCH=1   ``patch()`` at ``import mlx_rmsnorm``; the package
                       start when the variable is set, so any program in the
                       environment (``mlx_lm.lora``, a script) runs patched.
 MLX_RMSNORM_REPORT=1  at exit, print to stderr how many RMSNorm primitives
-                      (ours and the built-in's) the gradient graphs held.
+                      (ours and the built-in's) the gradient graphs held. On
+                      the CPU MLX expands the built-in into elementary ops,
+                      so there only ours are counted.
 """
 
 from __future__ import annotations

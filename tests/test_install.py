@@ -1,0 +1,194 @@
+"""Installing as a Python package: the recorded MLX and the ImportError on
+another one, the pinned requirement, the build requirements the backend asks
+for (nvcc from pip only when the CUDA flavor has no nvcc), and the .pth hook.
+The isolated `pip install .` itself runs in .ci/run (a fresh venv, ~1 min)."""
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import mlx_rmsnorm
+from mlx_rmsnorm import _mlx_env, _version_check
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _backend():
+    spec = importlib.util.spec_from_file_location(
+        "mlx_rmsnorm_build_under_test", ROOT / "build_backend" / "mlx_rmsnorm_build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(code, env_extra=None, cwd=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_RMSNORM_")}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=300)
+
+
+def test_build_info_records_the_installed_mlx():
+    from mlx_rmsnorm import _build_info
+
+    now = _mlx_env.installed_mlx()
+    assert (_build_info.MLX_VERSION, _build_info.MLX_FLAVOR) == (now["version"], now["flavor"])
+    import mlx.core as mx
+
+    assert _build_info.MLX_VERSION == mx.__version__
+
+
+def _copy_package(tmp_path, version, flavor):
+    """The installed package (extension included) with another recorded MLX:
+    exactly what an MLX upgrade leaves behind."""
+    dst = tmp_path / "mlx_rmsnorm"
+    shutil.copytree(Path(mlx_rmsnorm.__file__).parent, dst,
+                    ignore=shutil.ignore_patterns("csrc", "__pycache__"))
+    (dst / "_build_info.py").write_text(
+        f"MLX_VERSION = {version!r}\nMLX_FLAVOR = {flavor!r}\nMLX_BACKEND_VERSION = {version!r}\n")
+    return tmp_path
+
+
+def test_import_with_another_mlx_raises_importerror(tmp_path):
+    now = _mlx_env.installed_mlx()
+    where = _copy_package(tmp_path, "0.29.1", now["flavor"])
+    r = _run("import mlx_rmsnorm", cwd=where)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError:"), r.stderr
+    assert "built against mlx 0.29.1" in last and f"mlx {now['version']}" in last
+    assert "pip install --force-reinstall --no-deps" in last
+
+
+def test_same_copy_with_the_right_record_imports(tmp_path):
+    # The control of the test above: only the record differs.
+    now = _mlx_env.installed_mlx()
+    where = _copy_package(tmp_path, now["version"], now["flavor"])
+    r = _run("import mlx_rmsnorm, mlx.core as mx; print(mlx_rmsnorm.__file__);"
+             "print(mlx_rmsnorm.rms_norm(3 * mx.ones((2, 4)), None, 0.0).tolist())", cwd=where)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith(str(where))
+    assert r.stdout.splitlines()[1] == str([[1.0] * 4] * 2)
+
+
+def test_other_flavor_is_a_mismatch():
+    why = _version_check.mismatch({"version": "0.32.4", "flavor": "cpu", "backend_version": "0.32.4"},
+                                  {"version": "0.32.4", "flavor": "cuda13", "backend_version": "0.32.4"})
+    assert "mlx 0.32.4 (cpu)" in why and "mlx 0.32.4 (cuda13)" in why
+    assert _version_check.mismatch({"version": "0.32.4", "flavor": "cpu", "backend_version": "0.32.4"},
+                                   {"version": "0.32.4", "flavor": "cpu", "backend_version": "0.32.4"}) is None
+    # libmlx of another release under the same front end is caught too.
+    assert "0.32.5" in _version_check.mismatch(
+        {"version": "0.32.4", "flavor": "cpu", "backend_version": "0.32.4"},
+        {"version": "0.32.4", "flavor": "cpu", "backend_version": "0.32.5"})
+
+
+def test_requirement_pins_version_and_flavor():
+    assert _mlx_env.requirement({"version": "0.32.4", "flavor": "cpu"}) == "mlx[cpu]==0.32.4"
+    assert _mlx_env.requirement({"version": "0.32.4", "flavor": "cuda13"}) == "mlx[cuda13]==0.32.4"
+    assert _mlx_env.requirement({"version": "0.32.4", "flavor": "metal"}) == "mlx==0.32.4"
+    assert _mlx_env.requirement({"version": "0.32.4", "flavor": None}) == "mlx==0.32.4"
+
+
+def test_probe_sees_this_environment_through_pip_isolation(tmp_path):
+    # pip's isolated build hides site-packages with a sitecustomize on
+    # PYTHONPATH; the backend's probe (python -E) must still find MLX there.
+    site = tmp_path / "site"
+    site.mkdir()
+    # The build environment: setuptools only (pip installs it there).
+    build_env = tmp_path / "build_env"
+    build_env.mkdir()
+    for name in ("setuptools", "pkg_resources", "_distutils_hack"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None:
+            os.symlink(Path(spec.origin).parent, build_env / name)
+    (site / "sitecustomize.py").write_text(textwrap.dedent(f"""
+        import sys
+        sys.path[:] = [p for p in sys.path if 'site-packages' not in p] + [{str(build_env)!r}]
+    """))
+    backend_py = ROOT / "build_backend" / "mlx_rmsnorm_build.py"
+    code = textwrap.dedent(f"""
+        import importlib.util, json, sys
+        try:
+            import mlx
+            print('mlx visible')
+        except ImportError:
+            pass
+        sys.path.insert(0, {str(ROOT / 'build_backend')!r})
+        spec = importlib.util.spec_from_file_location('b', {str(backend_py)!r})
+        b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
+        print(json.dumps(b.target_mlx()))
+    """)
+    env = {"PYTHONPATH": str(site), "PYTHONNOUSERSITE": "1"}
+    r = _run(code, env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert "mlx visible" not in lines
+    import json
+
+    info = json.loads(lines[-1])
+    assert info["version"] == _mlx_env.installed_mlx()["version"]
+    assert os.path.isfile(os.path.join(info["mlx_root"], "share/cmake/MLX/MLXConfig.cmake"))
+
+
+@pytest.mark.parametrize("flavor", ["cpu", "cuda13"])
+@pytest.mark.parametrize("nvcc_on_path", [False, True])
+def test_build_requirements(monkeypatch, tmp_path, flavor, nvcc_on_path):
+    b = _backend()
+    monkeypatch.setattr(b, "target_mlx", lambda: {"version": "0.32.4", "flavor": flavor, "pip_cuda_roots": []})
+    monkeypatch.setattr(b, "_pip_cuda_roots", lambda info: [])
+    monkeypatch.delenv("CUDACXX", raising=False)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    if nvcc_on_path:
+        (bindir / "nvcc").write_text("#!/bin/sh\n")
+        (bindir / "nvcc").chmod(0o755)
+    cmake = shutil.which("cmake")
+    if cmake:
+        os.symlink(cmake, bindir / "cmake")
+    monkeypatch.setenv("PATH", str(bindir))
+    reqs = b._build_requirements()
+    assert "nanobind>=2.4" in reqs
+    assert ("cmake>=3.24" in reqs) == (not b._cmake_ok())
+    pip_nvcc = [r for r in reqs if r.startswith("nvidia-")]
+    if flavor == "cuda13" and not nvcc_on_path:
+        assert sorted(r.split(">")[0] for r in pip_nvcc) == sorted(b.PIP_NVCC_PACKAGES["cuda13"])
+        assert all(r.endswith(">=13,<14") for r in pip_nvcc)
+    else:
+        assert pip_nvcc == []
+
+
+def test_find_nvcc_prefers_path_then_pip(monkeypatch, tmp_path):
+    b = _backend()
+    root = tmp_path / "site" / "nvidia" / "cu13"
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "nvcc").write_text("")
+    monkeypatch.delenv("CUDACXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "site")])
+    assert b.find_nvcc({"flavor": "cuda13", "pip_cuda_roots": []}) == (str(root / "bin" / "nvcc"), str(root))
+    monkeypatch.setenv("CUDACXX", "/opt/cuda/bin/nvcc")
+    assert b.find_nvcc({"flavor": "cuda13", "pip_cuda_roots": []}) == ("/opt/cuda/bin/nvcc", None)
+
+
+@pytest.mark.parametrize("value,patched", [("1", True), ("0", False), (None, False)])
+def test_pth_hook_patches_at_interpreter_start(tmp_path, value, patched):
+    b = _backend()
+    (tmp_path / b.PTH_NAME).write_text(b.PTH_LINE)
+    # addsitedir runs the .pth as site.py would at start-up; then look.
+    code = textwrap.dedent(f"""
+        import site, sys
+        site.addsitedir({str(tmp_path)!r})
+        print('mlx_rmsnorm' in sys.modules)
+        import mlx.core as mx, mlx_rmsnorm
+        print(mlx_rmsnorm.is_patched())
+    """)
+    r = _run(code, {} if value is None else {"MLX_RMSNORM_PATCH": value})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(patched), str(patched)]
