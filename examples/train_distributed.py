@@ -308,7 +308,8 @@ def main():
     step_s = steady_state(times, args.warmup)
     tokens = args.batch * args.seq
     result = dict(rank=rank, world=world, model=args.model, precision=args.precision,
-                  plugin=not args.builtin, device=str(mx.default_device()), losses=losses,
+                  plugin=not args.builtin, patched=mlx_rmsnorm.is_patched(),
+                  device=str(mx.default_device()), losses=losses,
                   step_ms=1e3 * step_s, tokens_per_s=world * tokens / step_s,
                   tokens_per_s_per_rank=tokens / step_s, batch=args.batch, seq=args.seq,
                   **result_extra)
