@@ -1,4 +1,4 @@
-// Backward planner: picks the kernels from plans::kBackward and sizes grids
+// Backward planner: picks the kernels from the family's plans::kBackward* table and sizes grids
 // and scratch. Kernel bodies live in backward.cuh and colsum.cuh.
 #include "backward.cuh"
 #include "colsum.cuh"
@@ -10,17 +10,32 @@ namespace {
 
 using detail::ceil_div;
 using detail::make_call;
-using plans::kBackward;
-
-template <typename X, typename G, std::size_t... I>
+// The persistent kernel of row `row` of a family's table.
+template <typename X, typename G, const auto& Table, std::size_t... I>
 const void* persistent_kernel(int row, std::index_sequence<I...>) {
-  static_assert(((kBackward[I].cluster == 1) && ...),
+  static_assert(((Table[I].cluster == 1) && ...),
                 "no cluster rows through MLX (plans.h says why)");
   static const void* const kernels[] = {
-      persistent_kernel_for<X, G, kBackward[I].block, kBackward[I].group,
-                            kBackward[I].chunks, kBackward[I].stages,
-                            kBackward[I].bulk, 1>()...};
+      persistent_kernel_for<X, G, Table[I].block, Table[I].group, Table[I].chunks,
+                            Table[I].stages, Table[I].bulk, 1>()...};
   return kernels[row];
+}
+
+// The family's table (plans.h), as the row's config and its kernel.
+template <typename X, typename G>
+std::pair<const plans::RowPlan*, const void*> persistent_row(int family, int nvec) {
+  if (family >= 90) {
+    const int row = detail::table_row(plans::kBackwardSm90, nvec);
+    if (row < 0) return {nullptr, nullptr};
+    return {&plans::kBackwardSm90[row],
+            persistent_kernel<X, G, plans::kBackwardSm90>(
+                row, std::make_index_sequence<std::size(plans::kBackwardSm90)>{})};
+  }
+  const int row = detail::table_row(plans::kBackwardSm80, nvec);
+  if (row < 0) return {nullptr, nullptr};
+  return {&plans::kBackwardSm80[row],
+          persistent_kernel<X, G, plans::kBackwardSm80>(
+              row, std::make_index_sequence<std::size(plans::kBackwardSm80)>{})};
 }
 
 // A colsum launch over n columns and `slices` row slices (grid.y), with
@@ -44,28 +59,32 @@ template <typename X, typename G>
 bool plan_persistent(const BwdArgs& a, int vec, Plan& p) {
   constexpr int full = 16 / sizeof(X);
   const int nvec = a.n / full;
-  const int row = detail::table_row(kBackward, nvec);
-  if (vec != full || row < 0) return false;
-  const auto& cfg = kBackward[row];
-  const int rows_per_step = cfg.block / cfg.group;
+  if (vec != full) return false;
+  const detail::Target& target = detail::target();
+  const auto [cfg, fn] = persistent_row<X, G>(target.family, nvec);
+  if (cfg == nullptr) return false;
+  const int rows_per_step = cfg->block / cfg->group;
   const std::size_t smem =
-      plans::persistent_smem(cfg, nvec, static_cast<int>(sizeof(G) / sizeof(X)));
-  const void* fn = persistent_kernel<X, G>(
-      row, std::make_index_sequence<std::size(kBackward)>{});
-  const int occupancy = detail::blocks_per_sm(fn, cfg.block, smem);
+      plans::persistent_smem(*cfg, nvec, static_cast<int>(sizeof(G) / sizeof(X)));
+  // 0 where the row's stages do not fit this GPU's shared memory: split.
+  const int occupancy = detail::blocks_per_sm(fn, cfg->block, smem);
   if (occupancy == 0) return false;
 
   const int64_t grid = std::min<int64_t>(
-      int64_t(detail::sm_count()) * occupancy, ceil_div(a.rows, rows_per_step));
+      int64_t(target.sms) * occupancy, ceil_div(a.rows, rows_per_step));
   p.algorithm = Algorithm::Persistent;
-  if (grid > 0)
-    p.calls.push_back(make_call(fn, dim3(grid), dim3(cfg.block), smem,
-                                "bwd_persistent"));
-  if (a.w != nullptr) {
+  if (grid == 0) {
+    // No rows: gw is all zeros, which the colsum of zero partial rows writes.
+    if (a.gw != nullptr) p.calls.push_back(final_colsum(a.n));
+    return true;
+  }
+  p.calls.push_back(make_call(fn, dim3(grid), dim3(cfg->block), smem, "bwd_persistent"));
+  if (a.gw != nullptr) {
+    // gw's column sum happens inside the kernel (fold_partials).
     p.partial_rows = static_cast<int>(grid);
     p.partials_offset = 0;
     p.scratch_bytes = detail::align_up(sizeof(float) * grid * a.n);
-    p.calls.push_back(final_colsum(a.n));
+    p.arrival_bytes = sizeof(unsigned) * fold_counters(grid, plans::kFoldFanIn);
   }
   return true;
 }
@@ -95,7 +114,7 @@ void plan_split(const BwdArgs& a, Plan& p) {
         reinterpret_cast<const void*>(&bwd_split_cols<X, G, VEC>),
         dim3(tiles, splits), dim3(32, 8), 0, "bwd_split_cols"));
   }
-  if (a.w != nullptr) p.calls.push_back(final_colsum(a.n));
+  if (a.gw != nullptr) p.calls.push_back(final_colsum(a.n));
 }
 
 template <typename X, typename G, int VEC>
@@ -109,7 +128,7 @@ void plan_naive(const BwdArgs& a, Plan& p) {
     p.calls.push_back(make_call(rows, dim3(grid), dim3(plans::kNaiveBlock), 0,
                                 "bwd_naive_rows"));
   }
-  if (a.w == nullptr) return;
+  if (a.gw == nullptr) return;
   const int splits =
       static_cast<int>(std::clamp<int64_t>(a.rows, 1, plans::kNaiveSplits));
   p.naive_offset = 0;

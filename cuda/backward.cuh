@@ -8,7 +8,9 @@
 // free, and the backward then works for any caller (no forward state).
 #pragma once
 
+#include "colsum.cuh"
 #include "common.cuh"
+#include "plans.h"
 
 namespace rmsnorm {
 
@@ -37,6 +39,9 @@ template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
 __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ROWS = BLOCK / GROUP;
+  // Bulk copies where the family has the copy engine; elsewhere the same
+  // plan row moves its rows with per-thread copies (arch::kBulkCopy).
+  constexpr bool kBulk = BULK && arch::kBulkCopy;
   static_assert(!BULK || STAGES >= 2, "the bulk pipeline refills mid-step");
   static_assert(CLUSTER == 1 || ROWS == 1, "a cluster splits one row a step");
   using XV = Vec<X, VEC>;
@@ -53,7 +58,7 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   // Stage s: ROWS rows of x (nvec vectors each), then ROWS rows of g.
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float2 red[32];
-  __shared__ unsigned long long landed[STAGES];  // BULK: one mbarrier a stage
+  __shared__ unsigned long long landed[STAGES];  // kBulk: one mbarrier a stage
   __shared__ float2 slice_sums[2];  // CLUSTER: this block's sums, by step parity
   const size_t stage_bytes = (size_t)ROWS * nvec * (sizeof(XV) + sizeof(GV));
   auto stage_x = [&](int s, int row) {
@@ -79,7 +84,7 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   auto prefetch = [&](int64_t step) {
     const int s = step % STAGES;
     const int64_t first = unit_row + step * stride;
-    if constexpr (BULK) {
+    if constexpr (kBulk) {
       if (threadIdx.x != 0) return;
       // One range per operand: ROWS whole rows, or (ROWS == 1) the slice.
       const int64_t count = min((int64_t)ROWS, a.rows - first);
@@ -104,7 +109,7 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
     }
   };
 
-  if constexpr (BULK) {
+  if constexpr (kBulk) {
     if (threadIdx.x == 0) {
       for (int s = 0; s < STAGES; ++s) mbarrier_init(&landed[s]);
     }
@@ -117,7 +122,7 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < steps) prefetch(s);
-    if constexpr (!BULK) __pipeline_commit();
+    if constexpr (!kBulk) __pipeline_commit();
   }
 
   float w[CHUNKS][VEC];
@@ -135,7 +140,7 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
 
   for (int64_t t = 0; t < steps; ++t) {
     const int s = t % STAGES;
-    if constexpr (BULK) {
+    if constexpr (kBulk) {
       mbarrier_wait(&landed[s], (t / STAGES) & 1);
     } else {
       // Refills the stage computed on at t-1: the same thread read it then.
@@ -165,7 +170,7 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
       }
     }
     sums = group_sum<GROUP, BLOCK>(sums, red);
-    if constexpr (BULK) {
+    if constexpr (kBulk) {
       // Every thread is past its reads of step t-1 (the barrier in group_sum,
       // or this one when a row lives inside a warp): its stage can refill.
       if constexpr (GROUP <= 32) __syncthreads();
@@ -196,10 +201,10 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
       }
     }
   }
-  if constexpr (!BULK) __pipeline_wait_prior(0);
+  if constexpr (!kBulk) __pipeline_wait_prior(0);
   // No block may leave while another can still read its slice_sums.
   if constexpr (CLUSTER > 1) cluster_barrier();
-  if (a.w == nullptr) return;
+  if (a.gw == nullptr) return;  // no weight, or its gradient is not wanted
 
   float* out = a.partials + unit * n + (size_t)v0 * VEC;
   if constexpr (ROWS == 1) {
@@ -234,6 +239,11 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
     }
     for (int col = threadIdx.x; col < n; col += BLOCK) out[col] = sacc[col];
   }
+  // A cluster's blocks each own a slice of the row: the tuner sums those
+  // with the colsum kernel instead.
+  if constexpr (CLUSTER == 1) {
+    if (a.arrivals != nullptr) fold_partials<BLOCK, plans::kFoldFanIn>(a, unit);
+  }
 }
 
 // The kernels. The cluster variant (rows past one SM's shared memory) is
@@ -247,7 +257,7 @@ __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
 
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool BULK, int CLUSTER>
-__global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(BLOCK)
+__global__ void RMSNORM_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK)
     bwd_persistent_cluster(const BwdArgs a) {
   persistent_walk<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER>(a);
 }
@@ -339,7 +349,7 @@ __global__ void __launch_bounds__(256) bwd_split_cols(const BwdArgs a) {
       reinterpret_cast<XV*>(static_cast<X*>(a.gx) + row * n)[v] = out;
     }
   }
-  if (a.w == nullptr) return;
+  if (a.gw == nullptr) return;
 #pragma unroll
   for (int k = 0; k < VEC; ++k) sacc[threadIdx.y][threadIdx.x * VEC + k] = acc[k];
   __syncthreads();
@@ -388,7 +398,7 @@ __global__ void __launch_bounds__(BLOCK) bwd_naive_rows(const BwdArgs a) {
         part.v[k] = from_float<X>(gf * xf * rstd);
       }
       gxr[v] = out;
-      if (a.w != nullptr) gwr[v] = part;
+      if (a.gw != nullptr) gwr[v] = part;
     }
   }
 }

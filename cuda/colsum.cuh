@@ -50,4 +50,94 @@ __global__ void __launch_bounds__(1024) colsum(const BwdArgs a) {
   }
 }
 
+// The gw column sum folded into the backward kernel itself (one graph node
+// a call instead of two: on the host a node costs about as much as a small
+// kernel does on the GPU). Units (blocks, or clusters) write their partial
+// rows, then climb a tree of fan-in FANIN: the last of a node's children to
+// arrive adds the children's rows, in child order, into the first child's
+// row and arrives at the parent; the unit that completes the root writes gw.
+// The arrival counters only decide *who* adds: the order of the additions is
+// fixed by the tree, so gw has the same bits whatever order units finish in.
+// No unit ever waits for another (no spinning: safe with any residency).
+//
+// `arrivals` holds one counter per tree node above the leaves, level by
+// level, zero when the kernel starts; every counter is reset by its last
+// arriver, so the kernel leaves them zero again for the next call (the
+// caller keeps zeroed scratch for them: see Plan::arrival_bytes).
+//
+// Every thread of the block calls this after its last write of the
+// partial row `unit` (of a.partial_rows).
+template <int BLOCK, int FANIN>
+__device__ void fold_partials(const BwdArgs& a, int64_t unit) {
+  __shared__ bool last;
+  const int n = a.n;
+  const bool vec4 = n % 4 == 0;
+  const int cols = vec4 ? n / 4 : n;
+  unsigned* counter = a.arrivals;
+  int64_t nodes = a.partial_rows;  // at this level
+  int64_t stride = 1;              // partial rows between two nodes' rows
+  int64_t node = unit;
+  float* rows = a.partials;
+  while (nodes > 1) {
+    const int64_t parent = node / FANIN;
+    const int64_t first = parent * FANIN;
+    const int children = static_cast<int>(nodes - first < FANIN ? nodes - first : FANIN);
+    // Release: this block's row is visible device-wide before it arrives.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      last = atomicAdd(&counter[parent], 1u) == unsigned(children - 1);
+      if (last) counter[parent] = 0;  // every child has arrived: reusable
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // acquire: the siblings' rows, read past L1 below
+    float* dst = rows + first * stride * n;
+    for (int c = threadIdx.x; c < cols; c += BLOCK) {
+      if (vec4) {
+        float4 v[FANIN];
+#pragma unroll
+        for (int k = 0; k < FANIN; ++k)
+          if (k < children)
+            v[k] = __ldcg(reinterpret_cast<const float4*>(dst + k * stride * n) + c);
+        float4 s = v[0];
+#pragma unroll
+        for (int k = 1; k < FANIN; ++k) {
+          if (k < children) {
+            s.x += v[k].x; s.y += v[k].y; s.z += v[k].z; s.w += v[k].w;
+          }
+        }
+        reinterpret_cast<float4*>(dst)[c] = s;
+      } else {
+        float v[FANIN];
+#pragma unroll
+        for (int k = 0; k < FANIN; ++k)
+          if (k < children) v[k] = __ldcg(dst + k * stride * n + c);
+        float s = v[0];
+#pragma unroll
+        for (int k = 1; k < FANIN; ++k)
+          if (k < children) s += v[k];
+        dst[c] = s;
+      }
+    }
+    counter += (nodes + FANIN - 1) / FANIN;
+    nodes = (nodes + FANIN - 1) / FANIN;
+    stride *= FANIN;
+    node = parent;
+  }
+  // The root: row 0 holds the sum over every unit (or this block wrote it
+  // alone). Its own writes are visible to its own threads after a barrier.
+  __syncthreads();
+  for (int col = threadIdx.x; col < n; col += BLOCK)
+    store_from_float(a.gw, a.w_dtype, col, __ldcg(rows + col));
+}
+
+// Counters fold_partials needs for `units` partial rows (0 for one unit).
+inline std::size_t fold_counters(int64_t units, int fanin) {
+  std::size_t total = 0;
+  for (int64_t nodes = units; nodes > 1; nodes = (nodes + fanin - 1) / fanin)
+    total += (nodes + fanin - 1) / fanin;
+  return total;
+}
+
 }  // namespace rmsnorm

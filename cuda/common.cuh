@@ -12,6 +12,30 @@
 
 namespace rmsnorm {
 
+// What the architecture being compiled has: the one place where a kernel's
+// path depends on the GPU family (nvcc compiles device code once per
+// architecture, __CUDA_ARCH__ says which). Which *plans* run where is the
+// host's choice (plans.h); these flags only keep every kernel correct on
+// every family: a copy path a family lacks falls back to one it has.
+namespace arch {
+#if defined(__CUDA_ARCH__)
+inline constexpr int kVersion = __CUDA_ARCH__ / 10;  // 75, 80, 86, 90, 100, 120
+#else
+inline constexpr int kVersion = 0;  // host pass: no device code is generated
+#endif
+inline constexpr bool kAsyncCopy = kVersion >= 80;  // cp.async (16-byte, per thread)
+inline constexpr bool kBulkCopy = kVersion >= 90;   // cp.async.bulk + mbarrier tx counts
+inline constexpr bool kClusters = kVersion >= 90;   // thread-block clusters, DSMEM
+}  // namespace arch
+
+// A kernel's compile-time cluster shape; families without clusters get none
+// (nvcc rejects the attribute there) and their cluster helpers trap.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define RMSNORM_CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
+#else
+#define RMSNORM_CLUSTER_DIMS(n)
+#endif
+
 template <typename T>
 __device__ __forceinline__ float to_float(T v) {
   return static_cast<float>(v);
@@ -113,13 +137,17 @@ __device__ __forceinline__ void load_w(const void* w, DType t, int64_t v,
 }
 
 // Copy one Vec global -> shared without staging through registers where the
-// hardware can (4, 8 or 16-byte pieces); narrower vectors fall back to a plain
-// copy, which is still correct inside the pipeline, only not overlapped.
+// hardware can (sm_80 on: 4, 8 or 16-byte pieces). Narrower vectors, and
+// sm_75, which has no cp.async, take a plain vectorized load and store: still
+// correct inside the pipeline (its waits and commits then have nothing to
+// wait for), only not overlapped with the compute.
 template <typename T, int VEC>
 __device__ __forceinline__ void copy_async(Vec<T, VEC>* dst,
                                            const Vec<T, VEC>* src) {
   constexpr int bytes = sizeof(Vec<T, VEC>);
-  if constexpr (bytes % 16 == 0) {
+  if constexpr (!arch::kAsyncCopy) {
+    *dst = *src;
+  } else if constexpr (bytes % 16 == 0) {
 #pragma unroll
     for (int i = 0; i < bytes / 16; ++i) {
       __pipeline_memcpy_async(reinterpret_cast<char*>(dst) + 16 * i,
@@ -132,41 +160,56 @@ __device__ __forceinline__ void copy_async(Vec<T, VEC>* dst,
   }
 }
 
-// The bulk copy engine (sm_90): one thread moves a whole contiguous range
+// The bulk copy engine (sm_90 on): one thread moves a whole contiguous range
 // global -> shared, and completion is counted in bytes on an mbarrier that
 // the consumers wait on. Ranges are multiples of 16 bytes, 16-byte aligned.
+// Callers take this path only where arch::kBulkCopy holds; older families
+// compile these helpers to a trap, so a wrong call cannot go unnoticed.
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
 __device__ __forceinline__ void mbarrier_init(unsigned long long* bar) {
+#if __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar))
                : "memory");
   // Make the initialised barrier visible to the copy engine (async proxy).
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#else
+  __trap();
+#endif
 }
 
 // Arms `bar` for `bytes` of incoming copies and starts one copy into `dst`.
 __device__ __forceinline__ void bulk_expect(unsigned long long* bar,
                                             unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
                    smem_addr(bar)),
                "r"(bytes)
                : "memory");
+#else
+  __trap();
+#endif
 }
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src,
                                           unsigned bytes,
                                           unsigned long long* bar) {
+#if __CUDA_ARCH__ >= 900
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
       "[%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
       "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
+#else
+  __trap();
+#endif
 }
 
 // Waits until phase `parity` of `bar` has completed.
 __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar,
                                               unsigned parity) {
+#if __CUDA_ARCH__ >= 900
   asm volatile(
       "{\n"
       ".reg .pred done;\n"
@@ -176,6 +219,9 @@ __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar,
       "}\n" ::"r"(smem_addr(bar)),
       "r"(parity)
       : "memory");
+#else
+  __trap();
+#endif
 }
 
 // Sum of a float2 over GROUP consecutive threads; every thread of the group
@@ -208,10 +254,15 @@ __device__ __forceinline__ float2 group_sum(float2 v, float2* smem) {
   return v;
 }
 
-// Thread-block clusters (sm_90). Every thread of every block of the cluster
-// must call these, the same number of times.
+// Thread-block clusters (sm_90 on; the tuner's cluster kernel only). Every
+// thread of every block of the cluster must call these, the same number of
+// times. Older families have no clusters: a trap, as for the bulk copies.
 __device__ __forceinline__ void cluster_barrier() {
+#if __CUDA_ARCH__ >= 900
   cooperative_groups::this_cluster().sync();
+#else
+  __trap();
+#endif
 }
 
 // Adds the block-wide sums `v` of the CLUSTER blocks of a cluster, in rank
@@ -222,6 +273,10 @@ __device__ __forceinline__ void cluster_barrier() {
 template <int CLUSTER>
 __device__ __forceinline__ float2 cluster_sum(float2 v, float2* slots,
                                               int64_t step) {
+#if __CUDA_ARCH__ < 900
+  __trap();
+  return v;
+#else
   auto cluster = cooperative_groups::this_cluster();
   float2* slot = slots + (step & 1);
   if (threadIdx.x == 0) *slot = v;
@@ -234,6 +289,7 @@ __device__ __forceinline__ float2 cluster_sum(float2 v, float2* slots,
     total.y += part.y;
   }
   return total;
+#endif
 }
 
 }  // namespace rmsnorm

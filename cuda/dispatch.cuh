@@ -21,8 +21,16 @@ inline void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) fail(what, err);
 }
 
-// Multiprocessors of the current device (cached per device).
-int sm_count();
+// What the current device runs our code as (cached per device).
+struct Target {
+  int family;  // 90, 80 or 75: the plan tables' family (plans.h)
+  int sms;     // multiprocessors
+};
+// Throws std::runtime_error naming the GPU, the architectures this build has
+// code for and the rebuild command when there is no code for this GPU.
+const Target& target();
+
+inline int sm_count() { return target().sms; }
 
 // Resident blocks per SM for a kernel, block size and dynamic shared memory.
 // 0 when `smem` is more than the kernel can have. Cached.

@@ -6,6 +6,11 @@
 
 #include "dispatch.cuh"
 
+// The CUDA architectures this build has code for (the build sets it).
+#ifndef RMSNORM_CUDA_ARCHS
+#define RMSNORM_CUDA_ARCHS "(unknown)"
+#endif
+
 namespace rmsnorm {
 
 const char* dtype_name(DType t) {
@@ -42,8 +47,9 @@ int vector_width(DType t, int n, std::initializer_list<const void*> ptrs) {
   return full;
 }
 
-void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch) {
+void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch, void* zeroed) {
   char* base = static_cast<char*>(scratch);
+  a.arrivals = plan.arrival_bytes > 0 ? static_cast<unsigned*>(zeroed) : nullptr;
   a.partials = reinterpret_cast<float*>(base + plan.partials_offset);
   a.row_stats = reinterpret_cast<float*>(base + plan.row_stats_offset);
   a.naive_rows = base + plan.naive_offset;
@@ -69,17 +75,47 @@ void fail(const char* what, cudaError_t err) {
 
 static std::mutex cache_mutex;
 
-int sm_count() {
-  static std::map<int, int> cache;
+// Compiled like every kernel of ours: whether the GPU has code for it, and
+// which PTX version that code came from, holds for all of them.
+__global__ void probe() {}
+
+[[noreturn]] static void no_code_for(int dev, cudaError_t err) {
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, dev);
+  const std::string cc = std::to_string(prop.major) + std::to_string(prop.minor);
+  throw std::runtime_error(
+      std::string("[mlx_rmsnorm] no GPU code for ") + prop.name + " (compute capability " +
+      std::to_string(prop.major) + "." + std::to_string(prop.minor) +
+      "): this build of mlx-rmsnorm has code for CUDA architectures " RMSNORM_CUDA_ARCHS
+      " only (" + cudaGetErrorString(err) + "). Rebuild it for this GPU: "
+      "MLX_RMSNORM_CUDA_ARCHS=" + cc +
+      " pip install --force-reinstall --no-deps <mlx-rmsnorm source>, or without "
+      "MLX_RMSNORM_CUDA_ARCHS for every architecture MLX supports.");
+}
+
+const Target& target() {
+  static std::map<int, Target> cache;
   int dev = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   std::lock_guard<std::mutex> lock(cache_mutex);
   auto it = cache.find(dev);
   if (it != cache.end()) return it->second;
-  int sms = 0;
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+  cudaFuncAttributes attr{};
+  cudaError_t err = cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(&probe));
+  if (err == cudaErrorInvalidDeviceFunction || err == cudaErrorNoKernelImageForDevice ||
+      err == cudaErrorUnsupportedPtxVersion) {
+    cudaGetLastError();
+    no_code_for(dev, err);
+  }
+  check(err, "cudaFuncGetAttributes");
+  Target t{};
+  // ptxVersion is the virtual architecture the running code was compiled
+  // for (x10): an sm_90 cubin says 90, compute_80 PTX JIT-compiled on an
+  // H200 says 80, and that code has the family-80 paths (common.cuh arch).
+  t.family = attr.ptxVersion >= 90 ? 90 : attr.ptxVersion >= 80 ? 80 : 75;
+  check(cudaDeviceGetAttribute(&t.sms, cudaDevAttrMultiProcessorCount, dev),
         "cudaDeviceGetAttribute(SM count)");
-  return cache[dev] = sms;
+  return cache[dev] = t;
 }
 
 // Lets a kernel take all the dynamic shared memory the device allows, once

@@ -1,6 +1,12 @@
 // The launch-plan tables: which kernel configuration runs for a row of a given
 // length. Kept apart from the kernels so that tuning is an edit of one table.
 //
+// Tables are per GPU family where a kernel's features differ by family (the
+// backward's copies: the bulk copy engine from sm_90, cp.async from sm_80,
+// plain loads on sm_75); the forward uses plain loads everywhere and has one
+// table. The family is that of the code the GPU runs (the kernels' PTX
+// version: a compute_80 build on an H200 is family 80), see dispatch.cuh.
+//
 // Rows are keyed by the row length in 16-byte vectors (nvec = N * sizeof(x) /
 // 16: 8 elements for bf16/f16, 4 for f32). The first row whose max_nvec >= nvec
 // is used. A row past the end of a table goes to that direction's fallback
@@ -16,7 +22,7 @@
 //           computed on, stages - 1 in flight.
 //   bulk:   (backward) a step's rows arrive through the bulk copy engine
 //           (one thread issues them) instead of per-thread 16-byte copies.
-//   cluster: (backward, tuner only: see below kBackward) blocks of a
+//   cluster: (backward, tuner only: see below kBackwardSm90) blocks of a
 //           thread-block cluster that split one row by columns.
 //   persistent: (forward) the grid is what stays resident and walks the
 //           rows; false: a block per step of rows, the hardware refills SMs.
@@ -68,7 +74,7 @@ inline std::size_t persistent_smem(const RowPlan& p, int nvec, int g_per_x) {
 //   126 vs 128).
 // - Small blocks with many resident (N <= 1024: 128 threads, 10 a SM) beat
 //   a warp per row with 8 rows a step (110 vs 115 us at 65536x1024).
-inline constexpr RowPlan kBackward[] = {
+inline constexpr RowPlan kBackwardSm90[] = {
     {4, 128, 4, 1, 2},             // N <= 32 bf16: 32 rows a step, 4 lanes a row
     {8, 128, 8, 1, 2},             // N <= 64
     {16, 128, 16, 1, 2, true},     // N <= 128: 8 rows a step (QK-norm head dims)
@@ -79,6 +85,19 @@ inline constexpr RowPlan kBackward[] = {
     {512, 256, 256, 2, 2},         // N <= 4096
     {1024, 512, 512, 2, 2, true},  // N <= 8192: the seed's shape
     {2048, 512, 512, 4, 2, true},  // N <= 16384
+};
+// Families 80 and 75 (A100, A10, RTX 30xx/40xx, L4, T4): the same rows with
+// per-thread copies, as no copy engine is there (on sm_75 the copies are
+// plain 16-byte loads and stores, so a stage is not overlapped). Not tuned on
+// those GPUs, none being lent to us: measured as PTX on the H200
+// (docs/NOTES.md). Rows whose stages exceed a GPU's shared memory (sm_75:
+// 64 KiB a block, sm_86/sm_120: 99 KiB) get no resident block there, and the
+// planner falls back to the split plan.
+inline constexpr RowPlan kBackwardSm80[] = {
+    {4, 128, 4, 1, 2},     {8, 128, 8, 1, 2},     {16, 128, 16, 1, 2},
+    {32, 256, 32, 1, 2},   {64, 256, 32, 2, 2},   {128, 128, 128, 1, 2},
+    {256, 256, 256, 1, 2}, {512, 256, 256, 2, 2}, {1024, 512, 512, 2, 2},
+    {2048, 512, 512, 4, 2},
 };
 // Rows past N = 16384 bf16 take the split plan. A one-pass kernel that
 // spreads a row over a thread-block cluster exists (bwd_persistent_cluster;
@@ -136,5 +155,10 @@ inline constexpr int kSplitBlocksPerSM = 8;
 // Column sums of the gw partials (colsum.cuh): rows shorter than this use
 // blocks of 8 columns by 128 row lanes, longer ones 32 by 32.
 inline constexpr int kColsumNarrowBelow = 4096;
+// The persistent backward adds its units' gw partials itself (colsum.cuh,
+// fold_partials): a tree of this fan-in, each node summed by the last of its
+// children to finish. 8: four levels for ~1300 units, each a row of loads
+// in flight per thread (16 spilled registers in 256-thread blocks: ptxas).
+inline constexpr int kFoldFanIn = 8;
 
 }  // namespace rmsnorm::plans

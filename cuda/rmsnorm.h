@@ -47,12 +47,15 @@ struct BwdArgs {
   const void* w;  // n, w_dtype, or nullptr (then gw is not computed)
   const void* g;  // rows x n, g_dtype
   void* gx;       // rows x n, x_dtype
-  void* gw;       // n, w_dtype (unused without a weight)
+  void* gw;       // n, w_dtype; nullptr: no gw wanted (no weight, or frozen)
   // Scratch laid out by the plan (fp32): column partials of gw, per-row
   // statistics and, for the naive chain, its M x n partial in x_dtype.
   float* partials;   // partial_rows x n
   float* row_stats;  // rows x 2 (Split only)
   void* naive_rows;  // rows x n in x_dtype (Naive only)
+  // Zeroed scratch (Plan::arrival_bytes) that the kernels leave zeroed:
+  // arrival counters of the gw sum folded into the persistent kernel.
+  unsigned* arrivals;
   int64_t rows;
   int n;
   float eps;
@@ -70,6 +73,19 @@ struct CopyArgs {
   DType dtype;
 };
 
+// dst = a row-contiguous copy of src, an array of `ndim` dimensions with the
+// given shape and strides (in elements; 0 for a broadcast dimension).
+inline constexpr int kGatherMaxDims = 8;
+struct GatherArgs {
+  const void* src;
+  void* dst;
+  int64_t count;
+  int elem_bytes;  // 2, 4 or 8
+  int ndim;
+  int64_t shape[kGatherMaxDims];
+  int64_t strides[kGatherMaxDims];
+};
+
 struct KernelCall {
   const void* host_fn;  // the kernel's host stub, for cudaLaunchKernel
   cudaFunction_t fn;    // driver handle: MLX's encoder needs a CUfunction
@@ -81,6 +97,9 @@ struct KernelCall {
 struct Plan {
   std::vector<KernelCall> calls;
   std::size_t scratch_bytes = 0;  // fp32 scratch the caller must provide
+  // Scratch that must be zero when the calls start; they leave it zero, so
+  // the caller can keep such blocks for later calls without clearing them.
+  std::size_t arrival_bytes = 0;
   int partial_rows = 0;           // copy into BwdArgs::partial_rows
   std::size_t partials_offset = 0, row_stats_offset = 0, naive_offset = 0;
   Algorithm algorithm = Algorithm::Auto;
@@ -92,9 +111,11 @@ int vector_width(DType t, int n, std::initializer_list<const void*> ptrs);
 Plan plan_forward(const FwdArgs& a);
 Plan plan_backward(const BwdArgs& a, Algorithm algorithm);
 Plan plan_copy(const CopyArgs& a);  // pointers must be 16-byte aligned
+Plan plan_gather(const GatherArgs& a);
 
-// Fill the scratch pointers of `a` from a base pointer of plan.scratch_bytes.
-void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch);
+// Fill the scratch pointers of `a` from a base pointer of plan.scratch_bytes
+// and one of plan.arrival_bytes (zeroed; may be nullptr when that is 0).
+void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch, void* zeroed);
 
 // Launch a plan on a stream with <<<>>>-equivalent runtime calls (CLI).
 // `args` points at the FwdArgs, BwdArgs or CopyArgs the plan was made for.

@@ -82,9 +82,14 @@ int main(int argc, char** argv) {
     a.eps = 1e-5f;
     a.x_dtype = a.w_dtype = a.g_dtype = rmsnorm::DType::BF16;
     rmsnorm::Plan plan = rmsnorm::plan_backward(a, chain.algorithm);
-    void* scratch = nullptr;
+    void *scratch = nullptr, *zeroed = nullptr;
     if (plan.scratch_bytes) CHECK(cudaMalloc(&scratch, plan.scratch_bytes));
-    rmsnorm::bind_scratch(a, plan, scratch);
+    if (plan.arrival_bytes) {
+      // zeroed once: every launch leaves its arrival counters zero again
+      CHECK(cudaMalloc(&zeroed, plan.arrival_bytes));
+      CHECK(cudaMemset(zeroed, 0, plan.arrival_bytes));
+    }
+    rmsnorm::bind_scratch(a, plan, scratch, zeroed);
 
     CHECK(cudaMemset(gx, 0xff, count * 2));  // poison: every element is written
     const double us = cli::median_us(iters, [&] { CHECK(rmsnorm::launch(plan, &a, 0)); });
@@ -111,6 +116,7 @@ int main(int argc, char** argv) {
       if (!ok) status = 1;
     }
     if (scratch) CHECK(cudaFree(scratch));
+    if (zeroed) CHECK(cudaFree(zeroed));
   }
   CHECK(cudaFree(x));
   CHECK(cudaFree(g));

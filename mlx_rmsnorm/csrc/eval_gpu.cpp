@@ -48,9 +48,15 @@ void allocate(mx::array& out, const mx::Stream& s,
   allocate_device(out, s.device.index);
 }
 
-mx::array scratch(size_t bytes, const mx::Stream& s, mx::cu::CommandEncoder& enc) {
+// fp32 scratch that lives until the graph has run; `zeroed`: all zeros, and
+// left so by the kernels (rmsnorm::Plan::arrival_bytes).
+mx::array scratch(size_t bytes, const mx::Stream& s, mx::cu::CommandEncoder& enc,
+                  bool zeroed = false) {
   mx::array a({static_cast<int>((bytes + 3) / 4)}, mx::float32, nullptr, {});
-  allocate(a, s);
+  if (zeroed)
+    allocate_zeroed(a, s.device.index);
+  else
+    allocate(a, s);
   enc.add_temporary(a);
   return a;
 }
@@ -74,70 +80,111 @@ void use_device(const mx::Stream& s) {
   }
 }
 
+// `in` as row-contiguous memory: itself, or (a view: transposed, sliced,
+// broadcast) a copy gathered on the GPU into `copy`.
+const mx::array& rows_of(const mx::array& in, std::optional<mx::array>& copy,
+                         const mx::Stream& s, mx::cu::CommandEncoder& enc) {
+  if (in.flags().row_contiguous) return in;
+  copy = mx::array(in.shape(), in.dtype(), nullptr, {});
+  allocate(*copy, s);
+  enc.add_temporary(*copy);
+  rmsnorm::GatherArgs a{};
+  a.src = ptr(in);
+  a.dst = ptr(*copy);
+  a.count = static_cast<int64_t>(in.size());
+  a.elem_bytes = static_cast<int>(in.itemsize());
+  a.ndim = static_cast<int>(in.ndim());
+  for (int d = 0; d < a.ndim && d < rmsnorm::kGatherMaxDims; ++d) {
+    a.shape[d] = in.shape(d);
+    a.strides[d] = in.strides()[d];
+  }
+  const rmsnorm::Plan plan = rmsnorm::plan_gather(a);
+  for (const auto& c : plan.calls) {
+    enc.set_input_array(in);
+    enc.set_output_array(*copy);
+    record(enc, c, a);
+  }
+  return *copy;
+}
+
 }  // namespace
 
 void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs,
                        std::vector<mx::array>& outputs) {
-  const mx::array& x = inputs[0];
   mx::array& y = outputs[0];
   auto& enc = mx::cu::get_command_encoder(stream());
   use_device(stream());
+  std::optional<mx::array> x_copy, w_copy;
+  const mx::array& x = rows_of(inputs[0], x_copy, stream(), enc);
+  const mx::array* w = has_weight_ ? &rows_of(inputs[1], w_copy, stream(), enc) : nullptr;
   allocate(y, stream(), {&x});
 
   rmsnorm::FwdArgs a{};
   a.x = ptr(x);
-  a.w = has_weight_ ? ptr(inputs[1]) : nullptr;
+  a.w = w ? ptr(*w) : nullptr;
   a.y = ptr(y);
   a.n = x.shape(-1);
   a.rows = a.n == 0 ? 0 : static_cast<int64_t>(x.size() / a.n);
   a.eps = eps_;
   a.x_dtype = kernel_dtype(x.dtype());
-  a.w_dtype = has_weight_ ? kernel_dtype(inputs[1].dtype()) : rmsnorm::DType::None;
+  a.w_dtype = w ? kernel_dtype(w->dtype()) : rmsnorm::DType::None;
   a.y_dtype = kernel_dtype(y.dtype());
 
   rmsnorm::Plan plan = rmsnorm::plan_forward(a);
-  for (auto& in : inputs) enc.set_input_array(in);
+  enc.set_input_array(x);
+  if (w) enc.set_input_array(*w);
   enc.set_output_array(y);
   for (const auto& c : plan.calls) record(enc, c, a);
 }
 
 void RMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
                           std::vector<mx::array>& outputs) {
-  const mx::array& x = inputs[0];
-  const mx::array& g = inputs.back();
-  mx::array& gx = outputs[0];
+  // outputs: gx, and gw only when the weight's gradient is wanted.
   auto& enc = mx::cu::get_command_encoder(stream());
   use_device(stream());
+  std::optional<mx::array> x_copy, w_copy, g_copy;
+  const mx::array& x = rows_of(inputs[0], x_copy, stream(), enc);
+  const mx::array* w = has_weight_ ? &rows_of(inputs[1], w_copy, stream(), enc) : nullptr;
+  const mx::array& g = rows_of(inputs.back(), g_copy, stream(), enc);
+  mx::array& gx = outputs[0];
+  mx::array* gw = outputs.size() > 1 ? &outputs[1] : nullptr;
   allocate(gx, stream(), {&x, &g});
-  if (has_weight_) allocate(outputs[1], stream());
+  if (gw) allocate(*gw, stream());
 
   rmsnorm::BwdArgs a{};
   a.x = ptr(x);
-  a.w = has_weight_ ? ptr(inputs[1]) : nullptr;
+  a.w = w ? ptr(*w) : nullptr;
   a.g = ptr(g);
   a.gx = ptr(gx);
-  a.gw = has_weight_ ? ptr(outputs[1]) : nullptr;
+  a.gw = gw ? ptr(*gw) : nullptr;
   a.n = x.shape(-1);
   a.rows = a.n == 0 ? 0 : static_cast<int64_t>(x.size() / a.n);
   a.eps = eps_;
   a.x_dtype = kernel_dtype(x.dtype());
-  a.w_dtype = has_weight_ ? kernel_dtype(inputs[1].dtype()) : rmsnorm::DType::None;
+  a.w_dtype = w ? kernel_dtype(w->dtype()) : rmsnorm::DType::None;
   a.g_dtype = kernel_dtype(g.dtype());
 
   auto plan = rmsnorm::plan_backward(
       a, static_cast<rmsnorm::Algorithm>(static_cast<int>(algorithm_)));
-  std::optional<mx::array> tmp;
-  if (plan.scratch_bytes > 0) {
-    tmp = scratch(plan.scratch_bytes, stream(), enc);
-    rmsnorm::bind_scratch(a, plan, ptr(*tmp));
-  }
+  std::optional<mx::array> tmp, zeroed;
+  if (plan.scratch_bytes > 0) tmp = scratch(plan.scratch_bytes, stream(), enc);
+  if (plan.arrival_bytes > 0)
+    zeroed = scratch(plan.arrival_bytes, stream(), enc, /*zeroed=*/true);
+  rmsnorm::bind_scratch(a, plan, tmp ? ptr(*tmp) : nullptr,
+                        zeroed ? ptr(*zeroed) : nullptr);
   // MLX orders graph nodes by the arrays declared before each one: every
-  // node of the chain reads the inputs and the scratch and writes the outputs
+  // node of a chain reads the inputs and the scratch and writes the outputs
   // and the scratch, so the chain runs in order.
   for (const auto& c : plan.calls) {
-    for (auto& in : inputs) enc.set_input_array(in);
-    if (tmp) enc.set_input_array(*tmp);
-    if (tmp) enc.set_output_array(*tmp);
+    enc.set_input_array(x);
+    if (w) enc.set_input_array(*w);
+    enc.set_input_array(g);
+    for (auto* t : {&tmp, &zeroed}) {
+      if (*t) {
+        enc.set_input_array(**t);
+        enc.set_output_array(**t);
+      }
+    }
     for (auto& o : outputs) enc.set_output_array(o);
     record(enc, c, a);
   }

@@ -1,0 +1,99 @@
+"""Kernel times at the shapes training calls, under Nsight Compute: ours and
+the built-in, forward, backward (gx and gw) and gx-only backward, with the
+x + g copy as the ceiling. One process for all shapes; a tiny `sin` marks
+where each contender starts, so the report can be split afterwards:
+
+    ncu --clock-control none --csv --metrics gpu__time_duration.sum,\
+dram__throughput.avg.pct_of_peak_sustained_elapsed \
+        python3 scripts/profile_training.py > ncu.csv
+    python3 scripts/profile_training.py --report ncu.csv
+"""
+
+import csv
+import sys
+from collections import defaultdict
+
+SHAPES = [(8192, 1024), (8192, 2048), (8192, 2560), (8192, 4096), (4096, 8192),
+          (8192, 5120), (16384, 896), (16384, 3584), (32768, 1024),
+          (131072, 128), (262144, 128), (65536, 64), (16384, 8192)]
+REPS = 3
+EPS = 1e-5
+
+
+def contenders(mx, ours, builtin, w):
+    def vjp(norm, with_w):
+        if with_w:
+            return lambda x, g: mx.vjp(lambda x, w: norm(x, w, EPS), [x, w], [g])[1]
+        return lambda x, g: mx.vjp(lambda x: norm(x, w, EPS), [x], [g])[1]
+
+    return {
+        "ceiling x+g": lambda x, g: x + g,
+        "fwd ours": lambda x, g: ours(x, w, EPS),
+        "fwd builtin": lambda x, g: builtin(x, w, EPS),
+        "bwd ours": vjp(ours, True),
+        "bwd builtin": vjp(builtin, True),
+        "gx-only ours": vjp(ours, False),
+        "gx-only builtin": vjp(builtin, False),
+    }
+
+
+def run():
+    import mlx.core as mx
+
+    import mlx_rmsnorm
+
+    for m, n in SHAPES:
+        x = mx.random.normal((m, n)).astype(mx.bfloat16)
+        g = mx.random.normal((m, n)).astype(mx.bfloat16)
+        w = (1 + 0.1 * mx.random.normal((n,))).astype(mx.bfloat16)
+        mx.eval(x, g, w)
+        for name, fn in contenders(mx, mlx_rmsnorm.rms_norm, mx.fast.rms_norm, w).items():
+            mx.eval(mx.sin(mx.array([1.0])))
+            print(f"CASE {m}x{n} {name}", file=sys.stderr, flush=True)
+            for _ in range(REPS):
+                mx.eval(fn(x, g))
+        del x, g, w
+        mx.clear_cache()
+    mx.eval(mx.sin(mx.array([1.0])))
+
+
+def report(path):
+    names = [f"{m}x{n} {c}" for m, n in SHAPES for c in
+             ["ceiling x+g", "fwd ours", "fwd builtin", "bwd ours", "bwd builtin",
+              "gx-only ours", "gx-only builtin"]]
+    kernels = defaultdict(dict)  # id -> {name, us, dram}
+    with open(path) as f:
+        lines = [l for l in f if l.startswith('"')]
+    for row in csv.DictReader(lines):
+        k = kernels[int(row["ID"])]
+        k["name"] = row["Kernel Name"]
+        v = float(row["Metric Value"].replace(",", ""))
+        if row["Metric Name"] == "gpu__time_duration.sum":
+            k["us"] = v / 1000 if row["Metric Unit"] == "nsecond" else v
+        else:
+            k["dram"] = v
+    seq = [kernels[i] for i in sorted(kernels)]
+    segments, cur = [], None
+    for k in seq:
+        if "Sin" in k["name"] or "sin" in k["name"].split("<")[0]:
+            cur = []
+            segments.append(cur)
+        elif cur is not None:
+            cur.append(k)
+    segments = segments[:len(names)]
+    print(f"{'case':36} {'us':>8} {'DRAM%':>6}  kernels (last rep)")
+    for name, seg in zip(names, segments):
+        per = len(seg) // REPS if seg else 0
+        last = seg[-per:] if per else []
+        us = sum(k.get("us", 0) for k in last)
+        dram = max((k.get("dram", 0) for k in last), default=0)
+        short = ", ".join(f"{k['name'].split('(')[0].split('<')[0][-28:]} {k.get('us', 0):.1f}"
+                          for k in last)
+        print(f"{name:36} {us:8.1f} {dram:6.1f}  {short}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--report":
+        report(sys.argv[2])
+    else:
+        run()
