@@ -4,8 +4,9 @@
 # commands go through the same code). The built package records that MLX in
 # mlx_rmsnorm/_build_info.py and pins it in its requirements.
 import os
-import sys
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -24,6 +25,15 @@ def _target_or_none():
         if "sdist" in sys.argv[1:]:
             return None
         raise SystemExit(f"error: {sys.exc_info()[1]}")  # the message, not a traceback
+
+
+def _nanobind_dir():
+    try:
+        import nanobind
+
+        return nanobind.cmake_dir()
+    except ImportError:
+        return ""
 
 
 class CMakeExtension(Extension):
@@ -65,11 +75,26 @@ class CMakeBuild(build_ext):
         build_args = [] if "CMAKE_BUILD_PARALLEL_LEVEL" in os.environ else [f"-j{os.cpu_count()}"]
         tmp = Path(self.build_temp).resolve() / ext.name
         tmp.mkdir(parents=True, exist_ok=True)
+        self._drop_stale_cache(tmp, [info["mlx_root"], sys.executable, nvcc[0] if nvcc else "",
+                                     _nanobind_dir()])
         print(f"mlx-rmsnorm: building against mlx {info['version']} ({info.get('flavor')}) "
               f"at {info['mlx_root']}" + (f", nvcc {nvcc[0]}" if nvcc else ""), flush=True)
         subprocess.run(["cmake", str(HERE), *args], cwd=tmp, check=True)
         subprocess.run(["cmake", "--build", ".", *build_args], cwd=tmp, check=True)
         self._write_build_info(info, out)
+
+    @staticmethod
+    def _drop_stale_cache(tmp, must_contain):
+        # build/ is shared by every build of this checkout (isolated ones get
+        # a new nanobind path each time, another venv another MLX): a CMake
+        # cache from another environment would keep its paths or refuse the
+        # other nvcc, so start over when it does not name ours.
+        cache = tmp / "CMakeCache.txt"
+        if cache.is_file():
+            text = cache.read_text(errors="replace")
+            if not all(item in text for item in must_contain if item):
+                cache.unlink()
+                shutil.rmtree(tmp / "CMakeFiles", ignore_errors=True)
 
     def _write_build_info(self, info, out):
         text = (
