@@ -73,18 +73,15 @@ bool plan_persistent(const BwdArgs& a, int vec, Plan& p) {
   const int64_t grid = std::min<int64_t>(
       int64_t(target.sms) * occupancy, ceil_div(a.rows, rows_per_step));
   p.algorithm = Algorithm::Persistent;
-  if (grid == 0) {
-    // No rows: gw is all zeros, which the colsum of zero partial rows writes.
-    if (a.gw != nullptr) p.calls.push_back(final_colsum(a.n));
-    return true;
-  }
-  p.calls.push_back(make_call(fn, dim3(grid), dim3(cfg->block), smem, "bwd_persistent"));
+  if (grid > 0)
+    p.calls.push_back(make_call(fn, dim3(grid), dim3(cfg->block), smem, "bwd_persistent"));
+  // Without a wanted gw (no weight, or a frozen one) neither partials nor
+  // their column sum: one kernel.
   if (a.gw != nullptr) {
-    // gw's column sum happens inside the kernel (fold_partials).
     p.partial_rows = static_cast<int>(grid);
     p.partials_offset = 0;
     p.scratch_bytes = detail::align_up(sizeof(float) * grid * a.n);
-    p.arrival_bytes = sizeof(unsigned) * fold_counters(grid, plans::kFoldFanIn);
+    p.calls.push_back(final_colsum(a.n));
   }
   return true;
 }

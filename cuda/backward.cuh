@@ -8,9 +8,7 @@
 // free, and the backward then works for any caller (no forward state).
 #pragma once
 
-#include "colsum.cuh"
 #include "common.cuh"
-#include "plans.h"
 
 namespace rmsnorm {
 
@@ -238,11 +236,6 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
       __syncthreads();
     }
     for (int col = threadIdx.x; col < n; col += BLOCK) out[col] = sacc[col];
-  }
-  // A cluster's blocks each own a slice of the row: the tuner sums those
-  // with the colsum kernel instead.
-  if constexpr (CLUSTER == 1) {
-    if (a.arrivals != nullptr) fold_partials<BLOCK, plans::kFoldFanIn>(a, unit);
   }
 }
 

@@ -47,9 +47,8 @@ int vector_width(DType t, int n, std::initializer_list<const void*> ptrs) {
   return full;
 }
 
-void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch, void* zeroed) {
+void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch) {
   char* base = static_cast<char*>(scratch);
-  a.arrivals = plan.arrival_bytes > 0 ? static_cast<unsigned*>(zeroed) : nullptr;
   a.partials = reinterpret_cast<float*>(base + plan.partials_offset);
   a.row_stats = reinterpret_cast<float*>(base + plan.row_stats_offset);
   a.naive_rows = base + plan.naive_offset;
@@ -179,4 +178,7 @@ KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
 }
 
 }  // namespace detail
+
+int device_family() { return detail::target().family; }
+
 }  // namespace rmsnorm

@@ -83,6 +83,7 @@ inline constexpr RowPlan kBackwardSm90[] = {
     {128, 128, 128, 1, 2, true},   // N <= 1024: a block per row from here on
     {256, 256, 256, 1, 2},         // N <= 2048
     {512, 256, 256, 2, 2},         // N <= 4096
+    {640, 320, 320, 2, 2},         // N <= 5120: sized to the row (see below)
     {1024, 512, 512, 2, 2, true},  // N <= 8192: the seed's shape
     {2048, 512, 512, 4, 2, true},  // N <= 16384
 };
@@ -96,8 +97,8 @@ inline constexpr RowPlan kBackwardSm90[] = {
 inline constexpr RowPlan kBackwardSm80[] = {
     {4, 128, 4, 1, 2},     {8, 128, 8, 1, 2},     {16, 128, 16, 1, 2},
     {32, 256, 32, 1, 2},   {64, 256, 32, 2, 2},   {128, 128, 128, 1, 2},
-    {256, 256, 256, 1, 2}, {512, 256, 256, 2, 2}, {1024, 512, 512, 2, 2},
-    {2048, 512, 512, 4, 2},
+    {256, 256, 256, 1, 2}, {512, 256, 256, 2, 2}, {640, 320, 320, 2, 2},
+    {1024, 512, 512, 2, 2}, {2048, 512, 512, 4, 2},
 };
 // Rows past N = 16384 bf16 take the split plan. A one-pass kernel that
 // spreads a row over a thread-block cluster exists (bwd_persistent_cluster;
@@ -155,10 +156,5 @@ inline constexpr int kSplitBlocksPerSM = 8;
 // Column sums of the gw partials (colsum.cuh): rows shorter than this use
 // blocks of 8 columns by 128 row lanes, longer ones 32 by 32.
 inline constexpr int kColsumNarrowBelow = 4096;
-// The persistent backward adds its units' gw partials itself (colsum.cuh,
-// fold_partials): a tree of this fan-in, each node summed by the last of its
-// children to finish. 8: four levels for ~1300 units, each a row of loads
-// in flight per thread (16 spilled registers in 256-thread blocks: ptxas).
-inline constexpr int kFoldFanIn = 8;
 
 }  // namespace rmsnorm::plans

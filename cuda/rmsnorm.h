@@ -53,9 +53,6 @@ struct BwdArgs {
   float* partials;   // partial_rows x n
   float* row_stats;  // rows x 2 (Split only)
   void* naive_rows;  // rows x n in x_dtype (Naive only)
-  // Zeroed scratch (Plan::arrival_bytes) that the kernels leave zeroed:
-  // arrival counters of the gw sum folded into the persistent kernel.
-  unsigned* arrivals;
   int64_t rows;
   int n;
   float eps;
@@ -97,9 +94,6 @@ struct KernelCall {
 struct Plan {
   std::vector<KernelCall> calls;
   std::size_t scratch_bytes = 0;  // fp32 scratch the caller must provide
-  // Scratch that must be zero when the calls start; they leave it zero, so
-  // the caller can keep such blocks for later calls without clearing them.
-  std::size_t arrival_bytes = 0;
   int partial_rows = 0;           // copy into BwdArgs::partial_rows
   std::size_t partials_offset = 0, row_stats_offset = 0, naive_offset = 0;
   Algorithm algorithm = Algorithm::Auto;
@@ -113,9 +107,12 @@ Plan plan_backward(const BwdArgs& a, Algorithm algorithm);
 Plan plan_copy(const CopyArgs& a);  // pointers must be 16-byte aligned
 Plan plan_gather(const GatherArgs& a);
 
-// Fill the scratch pointers of `a` from a base pointer of plan.scratch_bytes
-// and one of plan.arrival_bytes (zeroed; may be nullptr when that is 0).
-void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch, void* zeroed);
+// Fill the scratch pointers of `a` from a base pointer of plan.scratch_bytes.
+void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch);
+
+// The plan family (90, 80 or 75, plans.h) of the current device's code; throws
+// std::runtime_error when this build has no code for the device.
+int device_family();
 
 // Launch a plan on a stream with <<<>>>-equivalent runtime calls (CLI).
 // `args` points at the FwdArgs, BwdArgs or CopyArgs the plan was made for.

@@ -16,11 +16,19 @@ _check_mlx_version()  # before anything loads libmlx: the MLX built against?
 import mlx.core as mx
 import mlx.nn as nn
 
-from ._ext import device_memory, has_cuda_kernels, rms_norm, rms_norm_vjp, trim_device_memory
+from ._ext import (
+    device_memory,
+    gpu_family,
+    has_cuda_kernels,
+    rms_norm,
+    rms_norm_vjp,
+    trim_device_memory,
+)
 
 __all__ = [
     "RMSNorm",
     "device_memory",
+    "gpu_family",
     "has_cuda_kernels",
     "is_patched",
     "patch",

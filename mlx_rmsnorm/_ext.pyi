@@ -29,3 +29,6 @@ def device_memory(device: int = 0) -> tuple[int, int]:
 
 def trim_device_memory(device: int = 0) -> None:
     """Returns the unused part of the plugin's GPU memory pool to the driver."""
+
+def gpu_family(device: int = 0) -> int:
+    """Plan family of the GPU code on ``device`` (90, 80 or 75; 0 without CUDA kernels)."""

@@ -43,3 +43,13 @@ def test_gpu_stream_without_kernels_is_a_clear_error():
     if not mx.is_available(mx.gpu):
         with pytest.raises((ValueError, RuntimeError)):
             mx.eval(mlx_rmsnorm.rms_norm(x, w, 1e-5, stream=mx.gpu))
+
+
+def test_gpu_family_without_kernels_or_device():
+    import mlx_rmsnorm
+
+    if not mlx_rmsnorm.has_cuda_kernels:
+        assert mlx_rmsnorm.gpu_family() == 0
+    else:
+        with pytest.raises(RuntimeError, match="no CUDA device"):
+            mlx_rmsnorm.gpu_family(1000)

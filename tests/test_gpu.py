@@ -219,3 +219,17 @@ def test_small_grids_after_long_rows():
         assert rel_err(y, ref_forward(x, w, 1e-5)) <= TOL[dtype], shape
         assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= TOL[dtype], shape
         assert rel_err(gw, ref_gw) <= 2 * TOL[dtype], shape
+
+
+def test_gpu_family_is_the_built_code():
+    """The planner's family is that of the code the GPU runs: a PTX-only
+    build for compute_80 (or compute_75) on a Hopper GPU runs the family-80
+    (75) paths and plans. MLX_RMSNORM_EXPECT_FAMILY, set by the check that
+    builds such a build, says which one this build must report."""
+    import os
+
+    expected = os.environ.get("MLX_RMSNORM_EXPECT_FAMILY")
+    family = mlx_rmsnorm.gpu_family()
+    assert family in (75, 80, 90)
+    if expected:
+        assert family == int(expected)

@@ -82,14 +82,9 @@ int main(int argc, char** argv) {
     a.eps = 1e-5f;
     a.x_dtype = a.w_dtype = a.g_dtype = rmsnorm::DType::BF16;
     rmsnorm::Plan plan = rmsnorm::plan_backward(a, chain.algorithm);
-    void *scratch = nullptr, *zeroed = nullptr;
+    void* scratch = nullptr;
     if (plan.scratch_bytes) CHECK(cudaMalloc(&scratch, plan.scratch_bytes));
-    if (plan.arrival_bytes) {
-      // zeroed once: every launch leaves its arrival counters zero again
-      CHECK(cudaMalloc(&zeroed, plan.arrival_bytes));
-      CHECK(cudaMemset(zeroed, 0, plan.arrival_bytes));
-    }
-    rmsnorm::bind_scratch(a, plan, scratch, zeroed);
+    rmsnorm::bind_scratch(a, plan, scratch);
 
     CHECK(cudaMemset(gx, 0xff, count * 2));  // poison: every element is written
     const double us = cli::median_us(iters, [&] { CHECK(rmsnorm::launch(plan, &a, 0)); });
@@ -116,7 +111,6 @@ int main(int argc, char** argv) {
       if (!ok) status = 1;
     }
     if (scratch) CHECK(cudaFree(scratch));
-    if (zeroed) CHECK(cudaFree(zeroed));
   }
   CHECK(cudaFree(x));
   CHECK(cudaFree(g));

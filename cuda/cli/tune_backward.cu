@@ -108,9 +108,6 @@ int main(int argc, char** argv) {
     CHECK(cudaMalloc(&w, n * 2));
     CHECK(cudaMalloc(&gw, n * 4));
     CHECK(cudaMalloc(&partials, size_t(sms) * 32 * n * 4));
-    unsigned* arrivals;  // zeroed once; each launch leaves them zero
-    CHECK(cudaMalloc(&arrivals, 1 << 20));
-    CHECK(cudaMemset(arrivals, 0, 1 << 20));
     cli::fill<<<1024, 256>>>(x, count, 1);
     cli::fill<<<1024, 256>>>(g, count, 2);
     cli::fill<<<64, 256>>>(w, n, 3);
@@ -160,8 +157,6 @@ int main(int argc, char** argv) {
       rmsnorm::BwdArgs a{};
       a.x = x; a.w = w; a.g = g; a.gx = gx; a.gw = gw;
       a.partials = partials;
-      // gw's sum folded in (what the planner launches); clusters: colsum
-      a.arrivals = p.cluster == 1 ? arrivals : nullptr;
       a.rows = m; a.n = n; a.eps = 1e-5f;
       a.x_dtype = a.w_dtype = a.g_dtype = rmsnorm::DType::BF16;
       a.partial_rows = int(units);
@@ -172,8 +167,7 @@ int main(int argc, char** argv) {
       const double us = cli::median_us(iters, run);
       CHECK(cudaMemset(gx, 0xff, count * 2));
       run();
-      if (p.cluster > 1)
-        rmsnorm::colsum<float, true, 32><<<dim3((n + 31) / 32, 1), dim3(32, 32)>>>(a);
+      rmsnorm::colsum<float, true, 32><<<dim3((n + 31) / 32, 1), dim3(32, 32)>>>(a);
       CHECK(cudaDeviceSynchronize());
       auto hx = cli::to_host(gx, count);
       auto hw = cli::to_host(gw, n);
@@ -192,7 +186,7 @@ int main(int argc, char** argv) {
                   us, bytes / us / 1e3, 100.0 * ceil_us / us, check);
     }
     for (void* p : {(void*)x, (void*)g, (void*)gx, (void*)out, (void*)w, (void*)gw,
-                    (void*)partials, (void*)arrivals})
+                    (void*)partials})
       CHECK(cudaFree(p));
     std::fflush(stdout);
   }

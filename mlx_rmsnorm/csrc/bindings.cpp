@@ -7,6 +7,11 @@
 #include <nanobind/stl/vector.h>
 
 #include "device_memory.h"
+#ifdef MLX_RMSNORM_CUDA
+#include <cuda_runtime.h>
+
+#include "rmsnorm.h"  // cuda/: device_family
+#endif
 #include "rms_norm.h"
 #include "rms_norm_vjp.h"
 
@@ -23,6 +28,26 @@ NB_MODULE(_ext, m) {
 #else
       false;
 #endif
+
+  m.def(
+      "gpu_family",
+      [](int device) -> int {
+#ifdef MLX_RMSNORM_CUDA
+        if (cudaSetDevice(device) != cudaSuccess)
+          throw std::runtime_error("[mlx_rmsnorm] no CUDA device " + std::to_string(device));
+        return rmsnorm::device_family();
+#else
+        (void)device;
+        return 0;
+#endif
+      },
+      "device"_a = 0,
+      R"(The GPU family whose launch plans run on ``device``: 90 (bulk copies),
+        80 (per-thread asynchronous copies) or 75 (plain loads), from the
+        architecture of the code the GPU runs (a PTX-only compute_80 build
+        on an H200 says 80). 0 on a build without CUDA kernels. Raises
+        ``RuntimeError`` naming the GPU and the rebuild command when this
+        build has no code for it.)");
 
   m.def("rms_norm", &mlx_rmsnorm::rms_norm, "x"_a, "weight"_a.none(), "eps"_a,
         nb::kw_only(), "stream"_a = nb::none(),

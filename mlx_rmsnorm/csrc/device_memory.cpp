@@ -54,8 +54,6 @@ struct Pool {
   // alive until then), so a cached block can be handed out again at once:
   // no CUDA call and no host sync, which is what a call costs otherwise.
   std::multimap<std::size_t, void*> cache;
-  // Blocks that are all zeros (allocate_zeroed), kept apart from `cache`.
-  std::multimap<std::size_t, void*> zeroed;
   std::size_t cached = 0;
   std::size_t in_use = 0;
   std::size_t peak_in_use = 0;
@@ -125,49 +123,6 @@ void* pool_malloc(Pool& p, std::size_t bytes) {
   return ptr;
 }
 
-// A zeroed block of exactly `bytes` (they are small and few sizes recur).
-void* take_zeroed(Pool& p, std::size_t bytes) {
-  auto it = p.zeroed.find(bytes);
-  if (it != p.zeroed.end()) {
-    void* ptr = it->second;
-    p.zeroed.erase(it);
-    return ptr;
-  }
-  void* ptr = nullptr;
-  check(cudaMallocFromPoolAsync(&ptr, bytes, p.pool, p.stream), "allocating zeroed scratch");
-  check(cudaMemsetAsync(ptr, 0, bytes, p.stream), "cudaMemsetAsync");
-  check(cudaStreamSynchronize(p.stream), "cudaStreamSynchronize");
-  return ptr;
-}
-
-// Hands `ptr` (a block of `bytes` from `device`'s pool) to `a`; when `a` is
-// freed it goes back to the cache it came from.
-void give(mx::array& a, void* ptr, std::size_t bytes, int device, bool zeroed) {
-  // The buffer's size is the block's, so that it goes back to the cache
-  // under the size it was taken with.
-  auto* buf = new mx::cu::CudaBuffer{ptr, bytes, device};
-  a.set_data(mx::allocator::Data(
-      mx::allocator::Buffer(buf), [device, bytes, zeroed](mx::allocator::Buffer b) {
-        auto* cb = static_cast<mx::cu::CudaBuffer*>(b.ptr());
-        {
-          std::lock_guard<std::mutex> lock(mutex);
-          Pool& p = pools[device];
-          p.in_use -= bytes;
-          if (cb->device >= 0 && zeroed) {
-            p.zeroed.emplace(bytes, cb->data);
-          } else if (cb->device >= 0) {
-            p.cache.emplace(bytes, cb->data);
-            p.cached += bytes;
-            release_cached(p, std::max(p.peak_in_use, kMinCacheLimit));
-          }
-        }
-        // A host read of the array moved it to managed memory (MLX freed
-        // our block then, back into our pool): free the managed copy.
-        if (cb->device < 0 && cb->data != nullptr) cudaFree(cb->data);
-        delete cb;
-      }));
-}
-
 }  // namespace
 
 void allocate_device(mx::array& a, int device) {
@@ -185,19 +140,27 @@ void allocate_device(mx::array& a, int device) {
     p.in_use += bytes;
     p.peak_in_use = std::max(p.peak_in_use, p.in_use);
   }
-  give(a, ptr, bytes, device, /*zeroed=*/false);
-}
-
-void allocate_zeroed(mx::array& a, int device) {
-  std::size_t bytes = round_size(std::max<std::size_t>(a.nbytes(), 1));
-  void* ptr;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    Pool& p = pool_for(device);
-    ptr = take_zeroed(p, bytes);
-    p.in_use += bytes;
-  }
-  give(a, ptr, bytes, device, /*zeroed=*/true);
+  // The buffer's size is the block's, so that it goes back to the cache
+  // under the size it was taken with.
+  auto* buf = new mx::cu::CudaBuffer{ptr, bytes, device};
+  a.set_data(mx::allocator::Data(
+      mx::allocator::Buffer(buf), [device, bytes](mx::allocator::Buffer b) {
+        auto* cb = static_cast<mx::cu::CudaBuffer*>(b.ptr());
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          Pool& p = pools[device];
+          p.in_use -= bytes;
+          if (cb->device >= 0) {
+            p.cache.emplace(bytes, cb->data);
+            p.cached += bytes;
+            release_cached(p, std::max(p.peak_in_use, kMinCacheLimit));
+          }
+        }
+        // A host read of the array moved it to managed memory (MLX freed
+        // our block then, back into our pool): free the managed copy.
+        if (cb->device < 0 && cb->data != nullptr) cudaFree(cb->data);
+        delete cb;
+      }));
 }
 
 PoolStats pool_stats(int device) {
@@ -214,8 +177,6 @@ void trim_pool(int device) {
   auto it = pools.find(device);
   if (it == pools.end()) return;
   release_cached(it->second, 0);
-  for (auto& [bytes, ptr] : it->second.zeroed) cudaFreeAsync(ptr, it->second.stream);
-  it->second.zeroed.clear();
   cudaStreamSynchronize(it->second.stream);
   cudaMemPoolTrimTo(it->second.pool, 0);
 }
@@ -228,7 +189,6 @@ namespace mlx_rmsnorm {
 void allocate_device(mx::array& a, int) {
   a.set_data(mx::allocator::malloc(a.nbytes()));
 }
-void allocate_zeroed(mx::array& a, int device) { allocate_device(a, device); }
 PoolStats pool_stats(int) { return {0, 0}; }
 void trim_pool(int) {}
 }  // namespace mlx_rmsnorm

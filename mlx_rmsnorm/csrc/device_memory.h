@@ -25,12 +25,6 @@ namespace mx = mlx::core;
 // Gives `a` fresh device memory of a.nbytes() on the stream's device.
 void allocate_device(mx::array& a, int device);
 
-// Gives `a` device memory that is all zeros, from our pool whatever the
-// allocator setting, for scratch that every kernel using it leaves zeroed
-// (arrival counters): such blocks go back to a cache of their own when `a`
-// is freed, and only a new block is cleared (once, on our stream).
-void allocate_zeroed(mx::array& a, int device);
-
 struct PoolStats {
   std::uint64_t in_use;    // bytes in live arrays (block sizes)
   std::uint64_t reserved;  // bytes the pool holds from the driver (live,

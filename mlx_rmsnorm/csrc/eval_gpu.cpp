@@ -48,15 +48,10 @@ void allocate(mx::array& out, const mx::Stream& s,
   allocate_device(out, s.device.index);
 }
 
-// fp32 scratch that lives until the graph has run; `zeroed`: all zeros, and
-// left so by the kernels (rmsnorm::Plan::arrival_bytes).
-mx::array scratch(size_t bytes, const mx::Stream& s, mx::cu::CommandEncoder& enc,
-                  bool zeroed = false) {
+// fp32 scratch that lives until the graph has run.
+mx::array scratch(size_t bytes, const mx::Stream& s, mx::cu::CommandEncoder& enc) {
   mx::array a({static_cast<int>((bytes + 3) / 4)}, mx::float32, nullptr, {});
-  if (zeroed)
-    allocate_zeroed(a, s.device.index);
-  else
-    allocate(a, s);
+  allocate(a, s);
   enc.add_temporary(a);
   return a;
 }
@@ -166,12 +161,11 @@ void RMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
 
   auto plan = rmsnorm::plan_backward(
       a, static_cast<rmsnorm::Algorithm>(static_cast<int>(algorithm_)));
-  std::optional<mx::array> tmp, zeroed;
-  if (plan.scratch_bytes > 0) tmp = scratch(plan.scratch_bytes, stream(), enc);
-  if (plan.arrival_bytes > 0)
-    zeroed = scratch(plan.arrival_bytes, stream(), enc, /*zeroed=*/true);
-  rmsnorm::bind_scratch(a, plan, tmp ? ptr(*tmp) : nullptr,
-                        zeroed ? ptr(*zeroed) : nullptr);
+  std::optional<mx::array> tmp;
+  if (plan.scratch_bytes > 0) {
+    tmp = scratch(plan.scratch_bytes, stream(), enc);
+    rmsnorm::bind_scratch(a, plan, ptr(*tmp));
+  }
   // MLX orders graph nodes by the arrays declared before each one: every
   // node of a chain reads the inputs and the scratch and writes the outputs
   // and the scratch, so the chain runs in order.
@@ -179,11 +173,9 @@ void RMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
     enc.set_input_array(x);
     if (w) enc.set_input_array(*w);
     enc.set_input_array(g);
-    for (auto* t : {&tmp, &zeroed}) {
-      if (*t) {
-        enc.set_input_array(**t);
-        enc.set_output_array(**t);
-      }
+    if (tmp) {
+      enc.set_input_array(*tmp);
+      enc.set_output_array(*tmp);
     }
     for (auto& o : outputs) enc.set_output_array(o);
     record(enc, c, a);
