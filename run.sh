@@ -25,11 +25,20 @@ if ! "$PY" -c "import mlx.core" 2>/dev/null; then
   echo "[run.sh] installing mlx[$flavor]==$MLX_VERSION"
   pip_install "mlx[$flavor]==$MLX_VERSION"
 fi
+# Driver-only machines (no CUDA toolkit): the CUDA build takes nvcc from pip.
+if [ -z "${CUDACXX:-}" ] && ! command -v nvcc >/dev/null 2>&1 \
+   && "$PY" -c "import importlib.metadata as m; m.version('mlx-cuda-13')" 2>/dev/null; then
+  echo "[run.sh] no nvcc on PATH: installing nvcc from pip (nvidia-cuda-nvcc 13)"
+  pip_install "nvidia-cuda-nvcc>=13,<14" "nvidia-cuda-crt>=13,<14" "nvidia-cuda-cccl>=13,<14" \
+    "nvidia-nvvm>=13,<14" "nvidia-cuda-runtime>=13,<14"
+fi
 pip_install setuptools wheel "nanobind>=2.4" "cmake>=3.24" numpy pytest hypothesis tqdm matplotlib \
   "mlx-lm==0.32.2"  # the tests train tiny mlx-lm models with patch()
 echo "[run.sh] building mlx-rmsnorm against the installed MLX"
 # Editable: the extension is built into mlx_rmsnorm/, so the package imports
-# the same from this folder and from anywhere else.
+# the same from this folder and from anywhere else. Rebuilt at every run, so
+# after an MLX upgrade ./run.sh is the rebuild. (No build isolation: the
+# tools above are already here; plain `pip install .` works too, see README.)
 pip_install --no-build-isolation --no-deps -e .
 
 case "${1:-main}" in
