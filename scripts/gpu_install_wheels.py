@@ -121,8 +121,11 @@ def restore(src: str, out: str, cuda_root: str) -> int:
                         print(f"  {name}: NO identical copy in {cuda_root}")
                         problems += 1
                         continue
+                    # Stored, not deflated: a temporary wheel, written fast. The
+                    # mode as the PyPI wheels have it (pip wants a regular file's
+                    # type bits to keep the executable bit).
                     info = zipfile.ZipInfo(name, date_time=(2025, 1, 1, 0, 0, 0))
-                    info.external_attr = (0o755 if "/bin/" in name else 0o644) << 16
+                    info.external_attr = (0o100744 if "/bin/" in name else 0o100644) << 16
                     w.writestr(info, data)
                     kept_rows.append(row)
                     print(f"  {name}: from {origin}")
