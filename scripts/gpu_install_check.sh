@@ -129,6 +129,13 @@ echo "== B. nvcc from pip: every nvcc hidden from PATH"
 NOPATH=""
 IFS=: read -ra parts <<<"$PATH"
 for p in "${parts[@]}"; do [ -n "$p" ] && [ ! -x "$p/nvcc" ] && NOPATH="${NOPATH:+$NOPATH:}$p"; done
+# Tools that shared a folder with nvcc stay reachable (nvcc itself does not).
+mkdir -p "$T/tools"
+for tool in cmake ninja cc c++ gcc g++; do
+  p="$(command -v "$tool")" && ! PATH="$NOPATH" command -v "$tool" >/dev/null && ln -s "$p" "$T/tools/$tool"
+done
+NOPATH="$T/tools:$NOPATH"
+echo "PATH for B: $NOPATH"
 if ! "$PY" "$ROOT/scripts/gpu_install_wheels.py" restore .device/install-wheels "$T/nvcc-wheels" \
     "${CUDA_ROOT:-/usr/local/cuda}" >"$OUTDIR/B_restore.log" 2>&1; then
   cat "$OUTDIR/B_restore.log"; fail "B: restore the nvcc wheels from this machine's toolkit"
