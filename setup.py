@@ -77,10 +77,17 @@ class CMakeBuild(build_ext):
         tmp.mkdir(parents=True, exist_ok=True)
         self._drop_stale_cache(tmp, [info["mlx_root"], sys.executable, nvcc[0] if nvcc else "",
                                      _nanobind_dir()])
+        # The exact binary the backend vetted: a `cmake` first on PATH may be
+        # an entry-point script that cannot run under pip's isolation.
+        cmake = backend.find_cmake(info)
+        if cmake is None:
+            raise RuntimeError(f"no cmake >= {'.'.join(map(str, backend.MIN_CMAKE))} found "
+                               "(PATH, the cmake package): pip install cmake")
         print(f"mlx-rmsnorm: building against mlx {info['version']} ({info.get('flavor')}) "
               f"at {info['mlx_root']}" + (f", nvcc {nvcc[0]}" if nvcc else ""), flush=True)
-        subprocess.run(["cmake", str(HERE), *args], cwd=tmp, check=True)
-        subprocess.run(["cmake", "--build", ".", *build_args], cwd=tmp, check=True)
+        print(f"mlx-rmsnorm: cmake {cmake}", flush=True)
+        subprocess.run([cmake, str(HERE), *args], cwd=tmp, check=True)
+        subprocess.run([cmake, "--build", ".", *build_args], cwd=tmp, check=True)
         self._write_build_info(info, out)
 
     @staticmethod

@@ -13,7 +13,7 @@ runs the hooks with (``sys.executable``: the target environment's python,
 also under build isolation, where only ``sys.path`` is swapped), reads that
 environment's MLX from its metadata, and builds against its files. The
 isolated environment only gets the build tools: setuptools, nanobind, cmake
-when none is on PATH, and nvcc from pip when the installed MLX is the CUDA
+when no usable one is found (see find_cmake), and nvcc from pip when the installed MLX is the CUDA
 flavor and no nvcc is found (driver-only machines).
 """
 
@@ -140,16 +140,31 @@ def find_nvcc(info: dict) -> tuple[str, str | None] | None:
     return None
 
 
-def _cmake_ok() -> bool:
-    cmake = shutil.which("cmake")
-    if not cmake:
-        return False
+def _cmake_version(cmake: str) -> tuple[int, int] | None:
     try:
-        out = subprocess.run([cmake, "--version"], capture_output=True, text=True, timeout=60).stdout
+        r = subprocess.run([cmake, "--version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
-        return False
-    m = re.search(r"(\d+)\.(\d+)", out)
-    return bool(m) and (int(m.group(1)), int(m.group(2))) >= MIN_CMAKE
+        return None
+    m = re.search(r"version (\d+)\.(\d+)", r.stdout)
+    return (int(m.group(1)), int(m.group(2))) if r.returncode == 0 and m else None
+
+
+def find_cmake(info: dict) -> str | None:
+    """A cmake >= MIN_CMAKE that runs in this process's environment, where the
+    build runs it: every ``cmake`` on PATH, then the ``cmake`` package's binary
+    in the build environment (our own requirement), then in the target
+    environment (``info["cmake_bins"]``). Checked by running it because a
+    ``cmake`` on PATH may be the package's entry-point script, which fails
+    under pip's isolation (its module is not importable there)."""
+    candidates = [os.path.join(d, "cmake") for d in os.environ.get("PATH", "").split(os.pathsep) if d]
+    candidates += [os.path.join(e, "cmake", "data", "bin", "cmake") for e in sys.path if e]
+    candidates += info.get("cmake_bins", [])
+    for cmake in dict.fromkeys(candidates):
+        if os.path.isfile(cmake) and os.access(cmake, os.X_OK):
+            version = _cmake_version(cmake)
+            if version and version >= MIN_CMAKE:
+                return os.path.abspath(cmake)
+    return None
 
 
 def _pip_nvcc_requirements(flavor: str) -> list[str]:
@@ -162,8 +177,8 @@ def _pip_nvcc_requirements(flavor: str) -> list[str]:
 def _build_requirements() -> list[str]:
     info = target_mlx()
     reqs = ["nanobind>=2.4"]
-    if not _cmake_ok():
-        reqs.append("cmake>=3.24")
+    if find_cmake(info) is None:
+        reqs.append("cmake>=%d.%d" % MIN_CMAKE)
     flavor = info.get("flavor") or ""
     if flavor.startswith("cuda") and find_nvcc(info) is None:
         if flavor not in PIP_NVCC_PACKAGES:

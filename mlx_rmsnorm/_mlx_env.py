@@ -82,6 +82,13 @@ def probe() -> dict:
     info["pip_cuda_roots"] = [
         os.path.join(d, sub) for d in nvidia for sub in ("cu13", "cu12") if os.path.isfile(os.path.join(d, sub, "bin/nvcc"))
     ]
+    # The `cmake` package's own binary. Its bin/cmake is a Python entry point
+    # that imports the package, which pip's isolated build hides, so the
+    # build has to call the binary itself.
+    info["cmake_bins"] = [
+        os.path.join(d, "data", "bin", "cmake") for d in _namespace_dirs("cmake")
+        if os.path.isfile(os.path.join(d, "data", "bin", "cmake"))
+    ]
     return info
 
 

@@ -118,7 +118,7 @@ elif grep -qE "ResolutionImpossible|No matching distribution" "$OUTDIR/A_pip_ins
     && { ok=1; cp "$OUTDIR/A_pip_install_nodeps.log" "$OUTDIR/A_pip_install.log"; }
 fi
 if [ "$ok" = 1 ]; then
-  grep -E "mlx-rmsnorm: (building|nvcc|MLX at)" "$OUTDIR/A_pip_install.log"
+  grep -E "mlx-rmsnorm: (building|nvcc|cmake|MLX at)" "$OUTDIR/A_pip_install.log"
   pass "A: pip install (isolated, offline) in $((SECONDS - s)) s"
   checks A
 else
@@ -145,7 +145,7 @@ else
       bash -c 'command -v nvcc && exit 3; exec "$@"' _ \
       "$PY" -m pip install -v --force-reinstall --no-deps "${FIND[@]}" --find-links "$T/nvcc-wheels" \
       --no-cache-dir "$T/src" >"$OUTDIR/B_pip_install.log" 2>&1; then
-    grep -E "Successfully installed .*nvidia-cuda-nvcc|mlx-rmsnorm: (building|nvcc)" "$OUTDIR/B_pip_install.log"
+    grep -E "Successfully installed .*nvidia-cuda-nvcc|mlx-rmsnorm: (building|nvcc|cmake)" "$OUTDIR/B_pip_install.log"
     if grep -qE "mlx-rmsnorm: building .*nvcc [^ ]*pip-build-env[^ ]*/nvidia/cu13/bin/nvcc" "$OUTDIR/B_pip_install.log"; then
       pass "B: built with nvcc from the pip packages (no nvcc on PATH) in $((SECONDS - s)) s"
     else

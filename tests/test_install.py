@@ -160,13 +160,48 @@ def test_build_requirements(monkeypatch, tmp_path, flavor, nvcc_on_path):
     monkeypatch.setenv("PATH", str(bindir))
     reqs = b._build_requirements()
     assert "nanobind>=2.4" in reqs
-    assert ("cmake>=3.24" in reqs) == (not b._cmake_ok())
+    assert ("cmake>=3.24" in reqs) == (b.find_cmake({}) is None)
     pip_nvcc = [r for r in reqs if r.startswith("nvidia-")]
     if flavor == "cuda13" and not nvcc_on_path:
         assert sorted(r.split(">")[0] for r in pip_nvcc) == sorted(b.PIP_NVCC_PACKAGES["cuda13"])
         assert all(r.endswith(">=13,<14") for r in pip_nvcc)
     else:
         assert pip_nvcc == []
+
+
+def _executable(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def test_cmake_entry_point_failing_under_isolation_is_passed_over(monkeypatch, tmp_path):
+    # The GPU machine's case: `cmake` on PATH is the cmake package's
+    # entry-point script, which cannot import its module inside pip's
+    # isolated build; the package's real binary is in the target environment.
+    b = _backend()
+    script = _executable(tmp_path / "bin" / "cmake",
+                         f"#!{sys.executable}\nimport cmake_module_hidden_by_isolation\n")
+    assert subprocess.run([str(script), "--version"], capture_output=True).returncode != 0
+    site = tmp_path / "target_site"
+    real = _executable(site / "cmake" / "data" / "bin" / "cmake", "#!/bin/sh\necho 'cmake version 3.31.6'\n")
+    # The probe (run with the target python) reports the real binary.
+    monkeypatch.delitem(sys.modules, "cmake", raising=False)
+    monkeypatch.setattr(sys, "path", [str(site)])
+    cmake_bins = _mlx_env.probe()["cmake_bins"]
+    assert cmake_bins == [str(real)]
+    # The build environment: the script first on PATH, no cmake package.
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "build_env")])
+    monkeypatch.setenv("PATH", str(script.parent))
+    info = {"version": "0.32.4", "flavor": "cpu", "pip_cuda_roots": [], "cmake_bins": cmake_bins}
+    monkeypatch.setattr(b, "target_mlx", lambda: info)
+    assert b.find_cmake(info) == str(real)
+    assert not any(r.startswith("cmake") for r in b._build_requirements())
+    # Nothing usable anywhere (the real binary too old): pip must fetch cmake.
+    _executable(real, "#!/bin/sh\necho 'cmake version 3.22.1'\n")
+    assert b.find_cmake(info) is None
+    assert "cmake>=3.24" in b._build_requirements()
 
 
 def test_find_nvcc_prefers_path_then_pip(monkeypatch, tmp_path):
