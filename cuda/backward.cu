@@ -10,6 +10,7 @@ namespace {
 
 using detail::ceil_div;
 using detail::make_call;
+
 // The persistent kernel of row `row` of a family's table.
 template <typename X, typename G, const auto& Table, std::size_t... I>
 const void* persistent_kernel(int row, std::index_sequence<I...>) {
@@ -21,21 +22,21 @@ const void* persistent_kernel(int row, std::index_sequence<I...>) {
   return kernels[row];
 }
 
-// The family's table (plans.h), as the row's config and its kernel.
+// The row of `Table` for rows of nvec vectors, and its kernel; nulls when the
+// row is longer than the table goes.
+template <typename X, typename G, const auto& Table>
+std::pair<const plans::RowPlan*, const void*> row_of(int nvec) {
+  const int row = detail::table_row(Table, nvec);
+  if (row < 0) return {nullptr, nullptr};
+  return {&Table[row], persistent_kernel<X, G, Table>(
+                           row, std::make_index_sequence<std::size(Table)>{})};
+}
+
+// The family's table (plans.h): families 80 and 75 share one.
 template <typename X, typename G>
 std::pair<const plans::RowPlan*, const void*> persistent_row(int family, int nvec) {
-  if (family >= 90) {
-    const int row = detail::table_row(plans::kBackwardSm90, nvec);
-    if (row < 0) return {nullptr, nullptr};
-    return {&plans::kBackwardSm90[row],
-            persistent_kernel<X, G, plans::kBackwardSm90>(
-                row, std::make_index_sequence<std::size(plans::kBackwardSm90)>{})};
-  }
-  const int row = detail::table_row(plans::kBackwardSm80, nvec);
-  if (row < 0) return {nullptr, nullptr};
-  return {&plans::kBackwardSm80[row],
-          persistent_kernel<X, G, plans::kBackwardSm80>(
-              row, std::make_index_sequence<std::size(plans::kBackwardSm80)>{})};
+  return family >= 90 ? row_of<X, G, plans::kBackwardSm90>(nvec)
+                      : row_of<X, G, plans::kBackwardSm80>(nvec);
 }
 
 // A colsum launch over n columns and `slices` row slices (grid.y), with
