@@ -3,8 +3,10 @@
 # in a run that carries .device (made here by ../shared/tools/device-wheels):
 #
 #   bash scripts/gpu_check.sh [steps...]   steps: build cli tune profile tests train
-#                                         transformer bench sanitize memory
+#                                         transformer bench trainstep ptx sanitize memory
 #                                         (default: build cli tests train transformer bench)
+#   Separately: scripts/gpu_install_check.sh (pip install of the CUDA flavor),
+#   scripts/gpu_distributed_check.sh (NCCL, 2 GPUs).
 # Env: TESTS (test paths, default tests), TRANSFORMER_PRECISIONS, SANITIZE_TOOLS,
 #      SANITIZE_TIMEOUT, RACECHECK_ARGS, PROFILE_MLX_ONLY.
 #
@@ -115,6 +117,28 @@ if has bench; then
   step bench
   python3 -m mlx_rmsnorm.bench --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "cases:" | tail -75
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has trainstep; then
+  step "training step (mlx-lm models, built-in vs patch())"
+  python3 examples/bench_train_step.py --json "$OUT/train_step.json" 2>&1 | tee "$OUT/train_step.log" | tail -12
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if has ptx; then
+  # Other GPU families on this GPU: PTX-only builds for compute_80 and
+  # compute_75, JIT-compiled by the driver, run those families' paths and
+  # plans (gpu_family() must say so). Rebuilds the extension: run last.
+  for fam in 80 75; do
+    step "PTX build compute_$fam"
+    MLX_RMSNORM_CUDA_ARCHS=${fam}-virtual python3 -m pip install --no-build-isolation --no-deps -e . \
+      >/tmp/build$fam.log 2>&1 || { tail -20 /tmp/build$fam.log; status=1; continue; }
+    MLX_RMSNORM_EXPECT_FAMILY=$fam MLX_RMSNORM_HYPOTHESIS_PROFILE=gpu python3 -m pytest -q \
+      -p no:cacheprovider -rfE $(python3 -c "import xdist" 2>/dev/null && echo "-n 8") \
+      -m "gpu and not bigmem" tests 2>&1 | tee "$OUT/tests$fam.log" | tail -3
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    python3 -m mlx_rmsnorm.bench --sections table --repeats 3 --out "$OUT/b$fam" 2>/dev/null >"$OUT/bench$fam.log" || status=1
+  done
 fi
 
 if has sanitize; then
