@@ -25,11 +25,11 @@ inline constexpr int kVersion = 0;  // host pass: no device code is generated
 #endif
 inline constexpr bool kAsyncCopy = kVersion >= 80;  // cp.async (16-byte, per thread)
 inline constexpr bool kBulkCopy = kVersion >= 90;   // cp.async.bulk + mbarrier tx counts
-inline constexpr bool kClusters = kVersion >= 90;   // thread-block clusters, DSMEM
 }  // namespace arch
 
-// A kernel's compile-time cluster shape; families without clusters get none
-// (nvcc rejects the attribute there) and their cluster helpers trap.
+// A kernel's compile-time cluster shape (clusters, like bulk copies, from
+// sm_90); families without clusters get none (nvcc rejects the attribute
+// there) and their cluster helpers trap.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 #define RMSNORM_CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
 #else
