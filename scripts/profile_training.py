@@ -10,12 +10,17 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed \
 """
 
 import csv
+import os
 import sys
 from collections import defaultdict
 
 SHAPES = [(8192, 1024), (8192, 2048), (8192, 2560), (8192, 4096), (4096, 8192),
           (8192, 5120), (16384, 896), (16384, 3584), (32768, 1024),
           (131072, 128), (262144, 128), (65536, 64), (16384, 8192)]
+# PROFILE_SHAPES="32768x4096,8192x5120" profiles those instead.
+if os.environ.get("PROFILE_SHAPES"):
+    SHAPES = [tuple(int(v) for v in s.split("x"))
+              for s in os.environ["PROFILE_SHAPES"].split(",")]
 REPS = 3
 EPS = 1e-5
 

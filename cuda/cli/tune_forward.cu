@@ -1,6 +1,6 @@
 // Tuning bench for the forward's launch plans, without MLX:
 //
-//   tune_forward [iters]
+//   tune_forward [iters] [N]
 //
 // For each benchmark shape (bf16) it times every candidate configuration
 // below that fits the row, next to a device-to-device copy of x (the same
@@ -48,6 +48,15 @@ constexpr RowPlan kCandidates[] = {
     {512, 256, 256, 2, 1, false, 1, P}, {512, 128, 128, 4, 2, false, 1, P},
     {512, 128, 128, 4, 1, false, 1, B}, {512, 256, 256, 2, 1, false, 1, B},
     {384, 128, 128, 3, 1, false, 1, B}, {384, 128, 128, 3, 2, false, 1, P},
+    // N = 2560 (320), 3584 (448), 5120 (640): hidden sizes not a power of two
+    {320, 64, 64, 5, 1, false, 1, B},  {320, 160, 160, 2, 1, false, 1, B},
+    {320, 320, 320, 1, 1, false, 1, B},
+    {448, 64, 64, 7, 1, false, 1, B},  {448, 224, 224, 2, 1, false, 1, B},
+    {448, 128, 128, 4, 1, false, 1, B},
+    {640, 128, 128, 5, 1, false, 1, B}, {640, 160, 160, 4, 1, false, 1, B},
+    {640, 320, 320, 2, 1, false, 1, B}, {640, 640, 640, 1, 1, false, 1, B},
+    {640, 64, 64, 10, 1, false, 1, B},  {640, 256, 256, 4, 1, false, 1, B},
+    {640, 160, 160, 4, 1, false, 1, P},
     // N = 8192 (1024)
     {1024, 256, 256, 4, 1, false, 1, P}, {1024, 512, 512, 2, 2, false, 1, P},
     {1024, 128, 128, 8, 1, false, 1, B}, {1024, 256, 256, 4, 1, false, 1, B},
@@ -75,15 +84,18 @@ const void* kernel_of(int i, std::index_sequence<I...>) {
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 30;
   const std::pair<int64_t, int> shapes[] = {
-      {262144, 128}, {131072, 256}, {65536, 512},  {65536, 1024},
+      {8192, 2560},  {32768, 2560}, {8192, 3584},  {32768, 3584}, {8192, 5120},
+      {32768, 5120}, {262144, 128}, {131072, 256}, {65536, 512},  {65536, 1024},
       {32768, 2048}, {16384, 2880}, {16384, 4096}, {16384, 8192},
       {4096, 8192},  {8192, 16384}, {4096, 32768}};
+  if (argc > 2) std::printf("(only N = %s)\n", argv[2]);
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   std::printf("%-12s %-24s %6s %9s %7s %7s %s\n", "shape", "candidate", "grid", "us",
               "GB/s", "% ceil", "check vs first");
   int status = 0;
   for (auto [m, n] : shapes) {
+    if (argc > 2 && n != std::atoi(argv[2])) continue;
     const size_t count = size_t(m) * n;
     X *x, *w, *y;
     CHECK(cudaMalloc(&x, count * 2));
