@@ -26,6 +26,8 @@
 //           thread-block cluster that split one row by columns.
 //   persistent: (forward) the grid is what stays resident and walks the
 //           rows; false: a block per step of rows, the hardware refills SMs.
+//   min_blocks: (forward) resident blocks per SM that ptxas must leave
+//           registers for (__launch_bounds__'s second argument); 0: no cap.
 #pragma once
 
 #include <cstddef>
@@ -42,6 +44,7 @@ struct RowPlan {
   bool bulk = false;  // (backward) whole steps through the bulk copy engine
   int cluster = 1;    // (backward) blocks that share a row
   bool persistent = true;  // (forward) grid = resident blocks
+  int min_blocks = 0;  // (forward) blocks a SM must hold: caps registers
 };
 
 // Dynamic shared memory of one persistent-backward block for rows of nvec
@@ -141,6 +144,7 @@ inline constexpr RowPlan kForward[] = {
     {64, 256, 32, 2, 1, false, 1, kPersistent},    // N <= 512
     {128, 64, 64, 2, 1, false, 1, kPerStep},       // N <= 1024
     {256, 128, 128, 2, 1, false, 1, kPerStep},     // N <= 2048
+    {320, 160, 160, 2, 1, false, 1, kPerStep},     // N <= 2560 (see below)
     {512, 128, 128, 4, 1, false, 1, kPerStep},     // N <= 4096
     {640, 128, 128, 5, 1, false, 1, kPerStep},     // N <= 5120 (see below)
     {1024, 256, 256, 4, 1, false, 1, kPerStep},    // N <= 8192
@@ -160,5 +164,6 @@ inline constexpr int kSplitBlocksPerSM = 8;
 // Column sums of the gw partials (colsum.cuh): rows shorter than this use
 // blocks of 8 columns by 128 row lanes, longer ones 32 by 32.
 inline constexpr int kColsumNarrowBelow = 4096;
+inline constexpr int kSmallColsumFrom = 2048;
 
 }  // namespace rmsnorm::plans

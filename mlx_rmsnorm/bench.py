@@ -153,11 +153,26 @@ def contenders(kind, w):
             ("fwd", BUILTIN, lambda x, g: _builtin_rms_norm(x, w, EPS))]
 
 
-def cases(sections, quick):
-    """[(kind, shape)] in run order; shape is (M, N) or (rows, heads, N)."""
+def parse_shapes(text):
+    """"8192x4096,1x8x128" -> [(8192, 4096), (1, 8, 128)]."""
+    try:
+        shapes = [tuple(int(v) for v in s.strip().lower().split("x"))
+                  for s in text.split(",") if s.strip()]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) not in (2, 3) or min(s) < 1 for s in shapes):
+        raise SystemExit(f"--shapes wants a comma list of MxN (or ROWSxHEADSxN), got {text!r}")
+    return shapes
+
+
+def cases(sections, quick, shapes=None):
+    """[(kind, shape)] in run order; shape is (M, N) or (rows, heads, N).
+    `shapes` replaces every section's own list."""
     out = []
     for kind in sections:
-        if quick:
+        if shapes:
+            out += [(kind, s) for s in shapes]
+        elif quick:
             out += [(kind, s) for s in QUICK[kind]]
         elif kind == "table":
             out += [(kind, s) for s in SHAPES]
@@ -459,6 +474,8 @@ def main(argv=None):
     p.add_argument("--training", action="store_true", help="only the training and decode shapes")
     p.add_argument("--no-sweep", action="store_true", help="only the nine table shapes")
     p.add_argument("--sections", default="", help=f"comma list from {','.join(SECTIONS)}")
+    p.add_argument("--shapes", default="", help="comma list of MxN (e.g. 8192x4096,32768x5120): "
+                   "these shapes instead of each section's own")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--calls", type=int, default=20, help="calls per eval (kernel timing)")
     p.add_argument("--repeats", type=int, default=7, help="interleaved repeats per figure")
@@ -466,6 +483,7 @@ def main(argv=None):
     p.add_argument("--out", default="bench-results", help="folder for CSV, JSON, PNG")
     args = p.parse_args(argv)
     sections = parse_sections(args)
+    shapes = parse_shapes(args.shapes) if args.shapes else None
 
     gpu = mx.is_available(mx.gpu)
     from . import has_cuda_kernels
@@ -479,7 +497,7 @@ def main(argv=None):
           f"(+1 warm-up), {args.singles} one-call evals per repeat")
     t_start = time.perf_counter()
     rows = []
-    for kind, shape in _progress(cases(sections, args.quick), "cases"):
+    for kind, shape in _progress(cases(sections, args.quick, shapes), "cases"):
         rows += run_case(kind, shape, dtype, args.calls, args.repeats, args.singles, device)
     elapsed = time.perf_counter() - t_start
 

@@ -102,6 +102,20 @@ def test_full_run_covers_the_training_and_decode_shapes():
     assert [k for k, _ in bench.cases(bench.SECTIONS, quick=False)].count("table") == 9
 
 
+def test_shapes_option_replaces_every_sections_shapes(tmp_path):
+    assert bench.parse_shapes("8192x4096, 1x8x128") == [(8192, 4096), (1, 8, 128)]
+    for bad in ("8192", "0x128", "ax4", ""):
+        with pytest.raises(SystemExit, match="--shapes"):
+            bench.parse_shapes(bad)
+    assert bench.cases(["training", "decode"], quick=False, shapes=[(64, 256)]) == [
+        ("training", (64, 256)), ("decode", (64, 256))]
+    assert bench.main(["--sections", "training", "--shapes", "32x96", "--repeats", "1",
+                       "--calls", "2", "--singles", "1", "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "bench_bfloat16_training.json") as f:
+        rows = json.load(f)["rows"]
+    assert {r["shape"] for r in rows} == {"32x96"}
+
+
 @pytest.mark.parametrize("kind", ["table", "training", "decode"])
 def test_contenders_compute_what_they_are_named(kind):
     """A benchmark that timed the wrong computation would be worse than none:
