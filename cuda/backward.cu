@@ -5,8 +5,6 @@
 #include "dispatch.cuh"
 #include "plans.h"
 
-#include <cstdlib>
-
 namespace rmsnorm {
 namespace {
 
@@ -41,30 +39,21 @@ std::pair<const plans::RowPlan*, const void*> persistent_row(int family, int nve
                       : row_of<X, G, plans::kBackwardSm80>(nvec);
 }
 
-// A colsum launch of COLS x LANES blocks over n columns and `slices` row
-// slices (grid.y).
-template <typename S, bool FINAL, int COLS, int LANES>
-KernelCall colsum_call(int n, int slices, const char* name) {
-  return make_call(reinterpret_cast<const void*>(&colsum<S, FINAL, COLS, LANES>),
-                   dim3(ceil_div(n, COLS), slices), dim3(COLS, LANES), 0, name);
-}
-
-// A lone column sum (the naive chain's): 1024-thread blocks, narrow or wide
-// by n (plans::kColsumNarrowBelow).
+// A colsum launch over n columns and `slices` row slices (grid.y), with
+// narrow or wide blocks by n (plans::kColsumNarrowBelow).
 template <typename S, bool FINAL>
 KernelCall colsum_call(int n, int slices, const char* name) {
-  return n < plans::kColsumNarrowBelow ? colsum_call<S, FINAL, 8, 128>(n, slices, name)
-                                       : colsum_call<S, FINAL, 32, 32>(n, slices, name);
+  auto call = [&](auto cols) {
+    constexpr int kCols = decltype(cols)::value;
+    return make_call(reinterpret_cast<const void*>(&colsum<S, FINAL, kCols>),
+                     dim3(ceil_div(n, kCols), slices), dim3(kCols, 1024 / kCols), 0,
+                     name);
+  };
+  return n < plans::kColsumNarrowBelow ? call(std::integral_constant<int, 8>{})
+                                       : call(std::integral_constant<int, 32>{});
 }
 
-// The sum of the persistent kernel's partials: small blocks from
-// plans::kSmallColsumFrom, so that it runs beside the next kernel.
-KernelCall final_colsum(int n) {
-  static const bool big = std::getenv("MLX_RMSNORM_EXP_COLSUM") != nullptr;
-  if (n >= plans::kSmallColsumFrom && !big)
-    return colsum_call<float, true, 8, 16>(n, 1, "colsum_f32");
-  return colsum_call<float, true>(n, 1, "colsum_f32");
-}
+KernelCall final_colsum(int n) { return colsum_call<float, true>(n, 1, "colsum_f32"); }
 
 // Persistent plan; false when the row does not fit (then Split is used).
 template <typename X, typename G>

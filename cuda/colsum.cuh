@@ -6,21 +6,17 @@
 
 namespace rmsnorm {
 
-// A block of COLS x LANES threads owns COLS columns (threadIdx.x, coalesced)
-// and LANES row lanes (threadIdx.y) that stride down the rows of its slice,
+// A 1024-thread block owns COLS columns (threadIdx.x, coalesced) and
+// 1024 / COLS row lanes (threadIdx.y) that stride down the rows of its slice,
 // several loads in flight each; the lanes are then added pairwise in a fixed
 // tree through shared memory. The walk down the rows is latency-bound when
 // there are few columns and many partial rows (N = 128: over a thousand), so
 // narrow blocks (COLS = 8) give such sums more blocks and shorter walks.
-// Blocks of 1024 threads finish a lone sum fastest; small ones (128 threads,
-// registers capped so that the SM holds 16) fit beside the persistent
-// kernel of the next call, which leaves an SM too few registers for a
-// 1024-thread block (plans.h, kFinalColsum).
 //   FINAL:  partials (partial_rows x n, fp32) -> gw (n, w_dtype); grid.y == 1.
 //  !FINAL:  the naive chain's M x n rows (x dtype) -> partials, grid.y slices.
-template <typename S, bool FINAL, int COLS, int LANES>
-__global__ void __launch_bounds__(COLS * LANES, 2048 / (COLS * LANES))
-    colsum(const BwdArgs a) {
+template <typename S, bool FINAL, int COLS>
+__global__ void __launch_bounds__(1024) colsum(const BwdArgs a) {
+  constexpr int LANES = 1024 / COLS;
   __shared__ float lanes[LANES][COLS + 1];
   const int n = a.n;
   const int col = blockIdx.x * COLS + threadIdx.x;

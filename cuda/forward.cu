@@ -16,7 +16,7 @@ const void* rows_kernel(int row, std::index_sequence<I...>) {
   static const void* const kernels[] = {reinterpret_cast<const void*>(
       &fwd_rows<X, O, kForward[I].block, kForward[I].group,
                 kForward[I].chunks, kForward[I].stages,
-                kForward[I].persistent, kForward[I].min_blocks>)...};
+                kForward[I].persistent>)...};
   return kernels[row];
 }
 

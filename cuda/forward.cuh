@@ -16,13 +16,9 @@ namespace rmsnorm {
 // its own dtype, vectorized), which keeps registers low, so many small
 // blocks are resident and many more rows' loads are in flight. At mid N
 // this moves more bytes at once than w in registers allows.
-//
-// MIN_BLOCKS > 0 caps registers so that many blocks stay resident: a
-// per-step block has one row's loads in flight, so bytes in flight grow
-// with resident blocks (plans.h says where it was measured).
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT, int MIN_BLOCKS = 0>
-__global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) fwd_rows(const FwdArgs a) {
+          bool PERSISTENT>
+__global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
   static_assert(STAGES == 1 || STAGES == 2, "one row, or one more loading");
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ROWS = BLOCK / GROUP;

@@ -159,6 +159,10 @@ int blocks_per_sm(const void* host_fn, int block, unsigned smem) {
 KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
                      const char* name) {
   static std::map<std::pair<int, const void*>, cudaFunction_t> cache;
+  // Every launch comes through here: a GPU this build has no code for gets
+  // target()'s error (naming the GPU, the architectures built, the rebuild)
+  // rather than the driver's bare "no kernel image".
+  target();
   int dev = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   cudaFunction_t fn = nullptr;

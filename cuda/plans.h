@@ -26,8 +26,6 @@
 //           thread-block cluster that split one row by columns.
 //   persistent: (forward) the grid is what stays resident and walks the
 //           rows; false: a block per step of rows, the hardware refills SMs.
-//   min_blocks: (forward) resident blocks per SM that ptxas must leave
-//           registers for (__launch_bounds__'s second argument); 0: no cap.
 #pragma once
 
 #include <cstddef>
@@ -44,7 +42,6 @@ struct RowPlan {
   bool bulk = false;  // (backward) whole steps through the bulk copy engine
   int cluster = 1;    // (backward) blocks that share a row
   bool persistent = true;  // (forward) grid = resident blocks
-  int min_blocks = 0;  // (forward) blocks a SM must hold: caps registers
 };
 
 // Dynamic shared memory of one persistent-backward block for rows of nvec
@@ -131,9 +128,14 @@ inline constexpr RowPlan kBackwardSm80[] = {
 //   block gets 64 registers a thread: x fits, w in registers would not (the
 //   persistent kernel), nor would 8 chunks (ptxas spills 184 bytes), so
 //   longer rows go to the looped kernel.
-// - N = 5120: the N <= 8192 row left 38% of its 1024 vector slots idle
-//   and ran 0.91-0.96x the built-in in the benchmark (8192x5120: 56.9 vs
-//   51.9 us); 128 threads x 5 chunks fit the row, as the built-in sizes it.
+// - N = 2560 and 5120 (hidden sizes that are not a power of two): a row
+//   sized to them, 160 threads x 2 or 4 chunks (2560: 8192 rows 27.2 vs
+//   28.6 us with the N <= 4096 row; 5120: 8192 rows 47.4 vs 51.1 us for
+//   the built-in's shape, 128 x 5, and 32768 rows 167.1 vs 174.7). Under ncu
+//   (8192x5120) 128 x 5 took 70 registers, so 7 blocks (896 threads) a SM
+//   and 68% of DRAM peak, against the built-in's same shape in 54 registers
+//   (1152 threads, 76%); 160 x 4 takes 56 (7 blocks, 1120 threads).
+//   Capping 128 x 5 at 64 registers spilled and gained half of that.
 // Fields: {max_nvec, block, group, chunks, stages, -, -, persistent}.
 constexpr bool kPersistent = true, kPerStep = false;
 inline constexpr RowPlan kForward[] = {
@@ -146,7 +148,7 @@ inline constexpr RowPlan kForward[] = {
     {256, 128, 128, 2, 1, false, 1, kPerStep},     // N <= 2048
     {320, 160, 160, 2, 1, false, 1, kPerStep},     // N <= 2560 (see below)
     {512, 128, 128, 4, 1, false, 1, kPerStep},     // N <= 4096
-    {640, 128, 128, 5, 1, false, 1, kPerStep},     // N <= 5120 (see below)
+    {640, 160, 160, 4, 1, false, 1, kPerStep},     // N <= 5120 (see below)
     {1024, 256, 256, 4, 1, false, 1, kPerStep},    // N <= 8192
     {2048, 512, 512, 4, 1, false, 1, kPerStep},    // N <= 16384
     {4096, 1024, 1024, 4, 1, false, 1, kPerStep},  // N <= 32768
@@ -164,6 +166,5 @@ inline constexpr int kSplitBlocksPerSM = 8;
 // Column sums of the gw partials (colsum.cuh): rows shorter than this use
 // blocks of 8 columns by 128 row lanes, longer ones 32 by 32.
 inline constexpr int kColsumNarrowBelow = 4096;
-inline constexpr int kSmallColsumFrom = 2048;
 
 }  // namespace rmsnorm::plans

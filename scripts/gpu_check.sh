@@ -3,7 +3,8 @@
 # in a run that carries .device (made here by ../shared/tools/device-wheels):
 #
 #   bash scripts/gpu_check.sh [steps...]   steps: build cli tune profile tests train
-#                                         transformer bench trainstep ptx sanitize memory
+#                                         transformer bench trainstep ptx mismatch sanitize
+#                                         memory
 #                                         (default: build cli tests train transformer bench)
 #   Separately: scripts/gpu_install_check.sh (pip install of the CUDA flavor),
 #   scripts/gpu_distributed_check.sh (NCCL, 2 GPUs).
@@ -139,6 +140,16 @@ if has ptx; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     python3 -m mlx_rmsnorm.bench --sections table --repeats 3 --out "$OUT/b$fam" 2>/dev/null >"$OUT/bench$fam.log" || status=1
   done
+fi
+
+if has mismatch; then
+  step "mismatched build (80-real only, on this GPU): the error users get"
+  rm -rf /tmp/arch80 /tmp/t80 && cp -r . /tmp/arch80
+  (cd /tmp/arch80 && MLX_RMSNORM_CUDA_ARCHS=80-real python3 -m pip install --no-build-isolation \
+     --no-deps --target /tmp/t80 . >/tmp/build80.log 2>&1) || { tail -20 /tmp/build80.log; status=1; }
+  # (from /tmp: the repo root on sys.path would import the editable build)
+  (cd /tmp && PYTHONPATH=/tmp/t80 python3 "$ROOT/scripts/mismatch_check.py") 2>&1 | tee "$OUT/mismatch.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
 if has sanitize; then

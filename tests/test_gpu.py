@@ -21,9 +21,18 @@ SHAPES = [
     (20000, 128), (3000, 256), (1500, 512), (1024, 1000), (2048, 1024),
     (700, 2048), (16384, 2880), (600, 4096), (2048, 4099), (4096, 8192),
     (300, 16384), (300, 16392), (256, 32768), (40, 65536), (100, 65544),
-    (6, 262144), (262144, 128),
+    (6, 262144), (262144, 128), (333, 2560), (257, 3584), (1000, 5120),
 ]
 ALGORITHMS = ["auto", "split", "naive"]
+
+
+def inputs(shape, seed, dtype=mx.bfloat16, w_dtype=None, g_dtype=None):
+    """x, w (near 1, as trained norm weights are) and g of a case; seeds
+    seed, seed + 1, seed + 2."""
+    x = random(shape, dtype, seed)
+    w = random(shape[-1:], w_dtype or dtype, seed + 1, 0.5, 1.0)
+    g = random(shape, g_dtype or dtype, seed + 2)
+    return x, w, g
 
 
 def run(x, w, g, eps=1e-5, algorithm="auto"):
@@ -33,67 +42,59 @@ def run(x, w, g, eps=1e-5, algorithm="auto"):
     return y, gx, gw
 
 
+def check_against_float64(x, w, g, outputs, tol, gw_tol, case=None):
+    """y and gx within `tol` of the float64 reference (gx relative to its
+    scale), gw within `gw_tol`."""
+    y, gx, gw = outputs
+    ref_gx, ref_gw = ref_backward(x, w, g, 1e-5)
+    assert rel_err(y, ref_forward(x, w, 1e-5)) <= tol, case
+    assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= tol, case
+    if w is None:
+        assert gw is None
+    else:
+        assert rel_err(gw, ref_gw) <= gw_tol, case
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("m,n", SHAPES, ids=[f"{m}x{n}" for m, n in SHAPES])
 def test_bf16_shapes(m, n, algorithm):
-    x = random((m, n), mx.bfloat16, m + n)
-    w = random((n,), mx.bfloat16, 1, 0.5, 1.0)
-    g = random((m, n), mx.bfloat16, 2 * m + n)
+    x, w, g = inputs((m, n), m + n)
     y, gx, gw = run(x, w, g, algorithm=algorithm)
-    assert rel_err(y, ref_forward(x, w, 1e-5)) <= TOL[mx.bfloat16]
-    ref_gx, ref_gw = ref_backward(x, w, g, 1e-5)
-    assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= TOL[mx.bfloat16]
     # gw accuracy: summed in fp32 and rounded once to bf16, so within one
     # bf16 rounding of the float64 value, element by element (<= 1 ulp). The
     # naive chain rounds its M x N partial to bf16 as the seed's does.
-    if algorithm == "naive":
-        assert rel_err(gw, ref_gw) <= 1e-2
-    else:
-        assert rel_err(gw, ref_gw) <= ONE_ROUNDING[mx.bfloat16]
-        assert ulp_errors(gw, ref_gw, mx.bfloat16) <= 1.0
+    naive = algorithm == "naive"
+    check_against_float64(x, w, g, (y, gx, gw), TOL[mx.bfloat16],
+                          1e-2 if naive else ONE_ROUNDING[mx.bfloat16])
+    if not naive:
+        assert ulp_errors(gw, ref_backward(x, w, g, 1e-5)[1], mx.bfloat16) <= 1.0
 
 
 @pytest.mark.parametrize("m,n", [(4096, 8192), (262144, 128), (16384, 2880), (1024, 16384)])
 def test_gw_float32_accuracy(m, n):
-    x = random((m, n), mx.float32, 3)
-    w = random((n,), mx.float32, 4, 0.5, 1.0)
-    g = random((m, n), mx.float32, 5)
-    _, gx, gw = run(x, w, g)
-    ref_gx, ref_gw = ref_backward(x, w, g, 1e-5)
-    assert rel_err(gw, ref_gw) <= 1e-6 * max(1.0, np.log2(m))
-    assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= 2e-6
+    x, w, g = inputs((m, n), 3, mx.float32)
+    check_against_float64(x, w, g, run(x, w, g), 2e-6, 1e-6 * max(1.0, np.log2(m)))
 
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
 @pytest.mark.parametrize("m,n", [(999, 128), (333, 1024), (100, 4096), (64, 8192), (16, 20000)])
 @pytest.mark.parametrize("algorithm", ["auto", "naive"])
 def test_other_dtypes(dtype, m, n, algorithm):
-    x = random((m, n), dtype, 6)
-    w = random((n,), dtype, 7, 0.5, 1.0)
-    g = random((m, n), dtype, 8)
-    y, gx, gw = run(x, w, g, algorithm=algorithm)
-    assert rel_err(y, ref_forward(x, w, 1e-5)) <= TOL[dtype]
-    ref_gx, ref_gw = ref_backward(x, w, g, 1e-5)
-    assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= TOL[dtype]
-    assert rel_err(gw, ref_gw) <= (TOL[dtype] if algorithm == "naive" else 2 * TOL[dtype] / 5)
+    x, w, g = inputs((m, n), 6, dtype)
+    check_against_float64(x, w, g, run(x, w, g, algorithm=algorithm), TOL[dtype],
+                          TOL[dtype] if algorithm == "naive" else 2 * TOL[dtype] / 5)
 
 
 @pytest.mark.parametrize("n", [128, 2048, 8192, 40000])
 @pytest.mark.parametrize("w_dtype", [mx.float32, None])
 def test_mixed_and_no_weight(n, w_dtype):
-    x = random((257, n), mx.bfloat16, 9)
-    w = None if w_dtype is None else random((n,), w_dtype, 10, 0.5, 1.0)
     out_type = mx.float32 if w_dtype is not None else mx.bfloat16
-    g = random((257, n), out_type, 11)
+    x, w, g = inputs((257, n), 9, w_dtype=w_dtype, g_dtype=out_type)
+    w = None if w_dtype is None else w
     y, gx, gw = run(x, w, g)
     assert y.dtype == out_type
     assert rel_err(y, ref_forward(x, w, 1e-5)) <= TOL[out_type]
-    ref_gx, ref_gw = ref_backward(x, w, g, 1e-5)
-    assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= TOL[mx.bfloat16]
-    if w is None:
-        assert gw is None
-    else:
-        assert rel_err(gw, ref_gw) <= 1e-5
+    check_against_float64(x, w, g, (y, gx, gw), TOL[mx.bfloat16], 1e-5)
 
 
 @pytest.mark.parametrize("n", [64, 1024, 8192])
@@ -103,11 +104,7 @@ def test_unaligned_inputs(n):
     x = random((m * n + 1,), mx.bfloat16, 12)[1:].reshape(m, n)
     g = random((m * n + 1,), mx.bfloat16, 13)[1:].reshape(m, n)
     w = random((n + 1,), mx.bfloat16, 14)[1:]
-    y, gx, gw = run(x, w, g)
-    assert rel_err(y, ref_forward(x, w, 1e-5)) <= TOL[mx.bfloat16]
-    ref_gx, ref_gw = ref_backward(x, w, g, 1e-5)
-    assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= TOL[mx.bfloat16]
-    assert rel_err(gw, ref_gw) <= ONE_ROUNDING[mx.bfloat16]
+    check_against_float64(x, w, g, run(x, w, g), TOL[mx.bfloat16], ONE_ROUNDING[mx.bfloat16])
 
 
 BENCHMARK_SHAPES = [(16384, 8192), (16384, 4096), (32768, 2048), (65536, 1024), (262144, 128),
@@ -118,9 +115,7 @@ BENCHMARK_SHAPES = [(16384, 8192), (16384, 4096), (32768, 2048), (65536, 1024), 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_bitwise_deterministic(m, n, algorithm):
     """100 calls on the same inputs give the same bits (compared on the GPU)."""
-    x = random((m, n), mx.bfloat16, 15)
-    w = random((n,), mx.bfloat16, 16)
-    g = random((m, n), mx.bfloat16, 17)
+    x, w, g = inputs((m, n), 15)
     y0, gx0, gw0 = (a.view(mx.uint16) for a in run(x, w, g, algorithm=algorithm))
     for _ in range(99):
         y, gx, gw = (a.view(mx.uint16) for a in run(x, w, g, algorithm=algorithm))
@@ -130,9 +125,7 @@ def test_bitwise_deterministic(m, n, algorithm):
 
 @pytest.mark.parametrize("m,n", [(16384, 8192), (262144, 128), (16384, 2880), (8192, 16384)])
 def test_matches_builtin_and_is_more_accurate(m, n):
-    x = random((m, n), mx.bfloat16, 18)
-    w = random((n,), mx.bfloat16, 19, 0.5, 1.0)
-    g = random((m, n), mx.bfloat16, 20)
+    x, w, g = inputs((m, n), 18)
     y, gx, gw = run(x, w, g)
     _, (bgx, bgw) = mx.vjp(lambda x, w: mx.fast.rms_norm(x, w, 1e-5), [x, w], [g])
     by = mx.fast.rms_norm(x, w, 1e-5)
@@ -192,14 +185,9 @@ def test_one_kernel_with_growing_and_shrinking_rows():
     """A table row covers a range of N, so one kernel runs with different
     amounts of shared memory: larger after smaller must still launch."""
     for n in (256, 248, 256, 8192, 7000, 8192):
-        x = random((3, n), mx.bfloat16, 34)
-        w = random((n,), mx.bfloat16, 35)
-        g = random((3, n), mx.bfloat16, 36)
-        y, gx, gw = run(x, w, g)
-        ref_gx, ref_gw = ref_backward(x, w, g, 1e-5)
-        assert rel_err(y, ref_forward(x, w, 1e-5)) <= TOL[mx.bfloat16], n
-        assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= TOL[mx.bfloat16], n
-        assert rel_err(gw, ref_gw) <= ONE_ROUNDING[mx.bfloat16], n
+        x, w, g = inputs((3, n), 34)
+        check_against_float64(x, w, g, run(x, w, g), TOL[mx.bfloat16],
+                              ONE_ROUNDING[mx.bfloat16], n)
 
 
 def test_small_grids_after_long_rows():
@@ -211,14 +199,8 @@ def test_small_grids_after_long_rows():
              ((40, 65536), mx.bfloat16), ((999, 128), mx.float32), ((3, 256), mx.bfloat16),
              ((5, 2880), mx.float32)]
     for i, (shape, dtype) in enumerate(cases):
-        x = random(shape, dtype, 40 + i)
-        w = random(shape[-1:], dtype, 50 + i, 0.5, 1.0)
-        g = random(shape, dtype, 60 + i)
-        y, gx, gw = run(x, w, g)
-        ref_gx, ref_gw = ref_backward(x, w, g, 1e-5)
-        assert rel_err(y, ref_forward(x, w, 1e-5)) <= TOL[dtype], shape
-        assert rel_err(gx, ref_gx, gx_scale(x, w, g, 1e-5)) <= TOL[dtype], shape
-        assert rel_err(gw, ref_gw) <= 2 * TOL[dtype], shape
+        x, w, g = inputs(shape, 40 + 3 * i, dtype)
+        check_against_float64(x, w, g, run(x, w, g), TOL[dtype], 2 * TOL[dtype], shape)
 
 
 def test_gpu_family_is_the_built_code():

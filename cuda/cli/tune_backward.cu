@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
       const double us = cli::median_us(iters, run);
       CHECK(cudaMemset(gx, 0xff, count * 2));
       run();
-      rmsnorm::colsum<float, true, 32, 32><<<dim3((n + 31) / 32, 1), dim3(32, 32)>>>(a);
+      rmsnorm::colsum<float, true, 32><<<dim3((n + 31) / 32, 1), dim3(32, 32)>>>(a);
       CHECK(cudaDeviceSynchronize());
       auto hx = cli::to_host(gx, count);
       auto hw = cli::to_host(gw, n);

@@ -23,8 +23,7 @@ namespace {
 using rmsnorm::plans::RowPlan;
 using X = __nv_bfloat16;
 
-// Candidates: {max_nvec, block, group, chunks, stages, -, -, persistent,
-// min_blocks}.
+// Candidates: {max_nvec, block, group, chunks, stages, -, -, persistent}.
 // stages 2 keeps the next rows loading while a step reduces (persistent
 // only); persistent false launches a block per step of rows, w read late.
 constexpr bool P = true, B = false;  // persistent grid, or a block per step
@@ -57,9 +56,7 @@ constexpr RowPlan kCandidates[] = {
     {640, 128, 128, 5, 1, false, 1, B}, {640, 160, 160, 4, 1, false, 1, B},
     {640, 320, 320, 2, 1, false, 1, B}, {640, 640, 640, 1, 1, false, 1, B},
     {640, 64, 64, 10, 1, false, 1, B},  {640, 256, 256, 4, 1, false, 1, B},
-    {640, 160, 160, 4, 1, false, 1, P}, {640, 160, 160, 4, 1, false, 1, B, 7},
-    {640, 128, 128, 5, 1, false, 1, B, 8}, {640, 320, 320, 2, 1, false, 1, B, 3},
-    {448, 128, 128, 4, 1, false, 1, B, 9}, {320, 160, 160, 2, 1, false, 1, B, 8},
+    {640, 160, 160, 4, 1, false, 1, P},
     // N = 8192 (1024)
     {1024, 256, 256, 4, 1, false, 1, P}, {1024, 512, 512, 2, 2, false, 1, P},
     {1024, 128, 128, 8, 1, false, 1, B}, {1024, 256, 256, 4, 1, false, 1, B},
@@ -78,7 +75,7 @@ const void* kernel_of(int i, std::index_sequence<I...>) {
   static const void* const kernels[] = {reinterpret_cast<const void*>(
       &rmsnorm::fwd_rows<X, X, kCandidates[I].block, kCandidates[I].group,
                          kCandidates[I].chunks, kCandidates[I].stages,
-                         kCandidates[I].persistent, kCandidates[I].min_blocks>)...};
+                         kCandidates[I].persistent>)...};
   return kernels[i];
 }
 
@@ -138,8 +135,8 @@ int main(int argc, char** argv) {
       CHECK(cudaDeviceSynchronize());
       auto hy = cli::to_host(y, count);
       char name[48];
-      std::snprintf(name, sizeof name, "{%d,%d,%d,%d,%s,%d}", p.block, p.group, p.chunks,
-                    p.stages, p.persistent ? "persistent" : "per-step", p.min_blocks);
+      std::snprintf(name, sizeof name, "{%d,%d,%d,%d,%s}", p.block, p.group, p.chunks,
+                    p.stages, p.persistent ? "persistent" : "per-step");
       char check[48] = "reference";
       if (ref.empty()) {
         ref = hy;
