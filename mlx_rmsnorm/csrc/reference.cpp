@@ -60,11 +60,11 @@ mx::array rstd(const mx::array& x, float eps, mx::Stream s) {
   return mx::custom_function(fun, vjp, jvp, vmap)({x})[0];
 }
 
+}  // namespace
+
 mx::Dtype result_type(const mx::array& x, const std::optional<mx::array>& w) {
   return w ? mx::promote_types(x.dtype(), w->dtype()) : x.dtype();
 }
-
-}  // namespace
 
 mx::Dtype compute_type(mx::Dtype out_type) {
   return out_type == mx::float64 ? mx::float64 : mx::float32;

@@ -23,6 +23,9 @@ namespace mlx_rmsnorm::reference {
 
 namespace mx = mlx::core;
 
+// The dtype of y: result_type(x, w), the promotion of x's and w's dtypes.
+mx::Dtype result_type(const mx::array& x, const std::optional<mx::array>& w);
+
 // The dtype the reference computes in for a result of type `out_type`:
 // float64 for float64, fp32 otherwise.
 mx::Dtype compute_type(mx::Dtype out_type);

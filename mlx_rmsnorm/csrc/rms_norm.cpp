@@ -14,15 +14,15 @@ namespace mlx_rmsnorm {
 
 namespace {
 
+thread_local bool export_tracing_ = false;
+
+}  // namespace
+
 std::string dtype_str(mx::Dtype t) {
   std::ostringstream os;
   os << t;
   return os.str();
 }
-
-thread_local bool export_tracing_ = false;
-
-}  // namespace
 
 bool export_tracing() { return export_tracing_; }
 
@@ -53,8 +53,7 @@ mx::Dtype check_inputs(const char* op, const mx::array& x,
     }
   }
   // The built-in's rule: any inputs whose result type is floating.
-  auto out_type =
-      weight ? mx::promote_types(x.dtype(), weight->dtype()) : x.dtype();
+  auto out_type = reference::result_type(x, weight);
   if (!mx::issubdtype(out_type, mx::floating)) {
     fail("Received unsupported type " + dtype_str(out_type) +
          " (the result type of x " + dtype_str(x.dtype()) +
@@ -76,18 +75,13 @@ mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight,
   auto out_type = check_inputs("rms_norm", x, weight);
   if (export_tracing_) return mx::fast::rms_norm(x, weight, eps, s);
   auto stream = mx::to_stream(s);
-  if (out_type == mx::float64) {
-    auto xf = mx::issubdtype(x.dtype(), mx::floating) ? x : mx::astype(x, out_type, stream);
-    std::optional<mx::array> wf;
-    if (weight) {
-      wf = mx::issubdtype(weight->dtype(), mx::floating)
-               ? *weight
-               : mx::astype(*weight, out_type, stream);
-    }
-    return reference::forward(xf, wf, eps, stream);
-  }
   std::vector<mx::array> inputs = {kernel_input(x, out_type, stream)};
   if (weight) inputs.push_back(kernel_input(*weight, out_type, stream));
+  // float64: MLX ops in float64 (reference.h); the kernels read 16/32-bit floats.
+  if (out_type == mx::float64) {
+    return reference::forward(inputs[0], reference::weight_of(inputs, weight.has_value()),
+                              eps, stream);
+  }
   return mx::array(x.shape(), out_type,
                    std::make_shared<RMSNorm>(stream, eps, weight.has_value()),
                    std::move(inputs));
@@ -103,8 +97,7 @@ std::vector<mx::array> RMSNorm::vjp(const std::vector<mx::array>& primals,
   auto w = reference::weight_of(primals, has_weight_);
   bool need_gw = has_weight_ &&
                  std::find(argnums.begin(), argnums.end(), 1) != argnums.end();
-  auto out_type = w ? mx::promote_types(primals[0].dtype(), w->dtype())
-                    : primals[0].dtype();
+  auto out_type = reference::result_type(primals[0], w);
   auto g = cotangents[0];
   if (g.dtype() != out_type) g = mx::astype(g, out_type, stream());
   auto grads = detail::make_vjp(primals[0], w, g, eps_, Algorithm::Auto,

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 
 #include "mlx/primitives.h"
 #include "mlx/utils.h"
@@ -32,8 +33,13 @@ inline bool is_kernel_dtype(mx::Dtype t) {
 }
 
 // `a` itself when its dtype is one the kernels read, else `a` cast to
-// `out_type` (what the built-in does to every input).
+// `out_type` (what the built-in does to every input). With a float64
+// `out_type` (the reference path) integer and bool inputs become float64 and
+// float64 ones stay as they are.
 mx::array kernel_input(const mx::array& a, mx::Dtype out_type, mx::Stream s);
+
+// "float32", "bfloat16", ... for error messages.
+std::string dtype_str(mx::Dtype t);
 
 // Whether this thread is tracing a function for mx.export_function /
 // mx.exporter (set by the Python hooks in mlx_rmsnorm/_patching.py: MLX keeps

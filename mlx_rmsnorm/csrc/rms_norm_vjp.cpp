@@ -1,6 +1,5 @@
 #include "rms_norm_vjp.h"
 
-#include <sstream>
 #include <stdexcept>
 
 #include "mlx/fast.h"
@@ -23,12 +22,6 @@ Algorithm parse_algorithm(const std::string& name) {
 
 namespace {
 
-std::string dtype_str(mx::Dtype t) {
-  std::ostringstream os;
-  os << t;
-  return os.str();
-}
-
 std::string shape_str(const mx::Shape& shape) {
   std::string out = "(";
   for (size_t i = 0; i < shape.size(); ++i)
@@ -49,8 +42,7 @@ std::vector<mx::array> builtin_vjp(const mx::array& x,
   };
   std::vector<mx::array> primals = {x};
   if (with_w) primals.push_back(*weight);
-  auto out_type = weight ? mx::promote_types(x.dtype(), weight->dtype()) : x.dtype();
-  return mx::vjp(f, primals, {mx::astype(g, out_type, s)}).second;
+  return mx::vjp(f, primals, {mx::astype(g, reference::result_type(x, weight), s)}).second;
 }
 
 // The backward as a function of (x, [w,] g) built from MLX ops, which is
@@ -105,20 +97,14 @@ std::vector<mx::array> rms_norm_vjp(const mx::array& x,
   }
   if (export_tracing()) return builtin_vjp(x, weight, g, eps, need_gw, s);
   auto stream = mx::to_stream(s);
-  if (out_type == mx::float64) {
-    auto cast = [&](const mx::array& a) {
-      return mx::issubdtype(a.dtype(), mx::floating) ? a : mx::astype(a, out_type, stream);
-    };
-    std::optional<mx::array> w;
-    if (weight) w = cast(*weight);
-    return reference::backward(cast(x), w, g, eps, need_gw, stream);
-  }
+  auto xk = kernel_input(x, out_type, stream);
   std::optional<mx::array> w;
   if (weight) w = kernel_input(*weight, out_type, stream);
+  // float64: MLX ops in float64 (reference.h); the kernels read 16/32-bit floats.
+  if (out_type == mx::float64) return reference::backward(xk, w, g, eps, need_gw, stream);
   // g is read in the dtype of y, the tensor it is the gradient of.
   auto gc = g.dtype() == out_type ? g : mx::astype(g, out_type, stream);
-  return detail::make_vjp(kernel_input(x, out_type, stream), w, gc, eps,
-                          algorithm, need_gw, stream);
+  return detail::make_vjp(xk, w, gc, eps, algorithm, need_gw, stream);
 }
 
 std::vector<mx::array> RMSNormVJP::vjp(const std::vector<mx::array>& primals,
