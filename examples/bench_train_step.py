@@ -39,11 +39,8 @@ one mx.eval.
 
 import argparse
 import json
-import os
-import re
 import statistics
 import sys
-import tempfile
 import time
 from functools import partial
 
@@ -53,6 +50,7 @@ import mlx.optimizers as optim
 from mlx_lm.models import llama, qwen3
 
 import mlx_rmsnorm
+from mlx_rmsnorm._autopatch import primitive_counts
 
 MODELS = {
     "qwen3-0.6b": (qwen3, dict(
@@ -124,15 +122,9 @@ def record_norm_calls(model, x):
 
 
 def plugin_nodes(arrays):
-    """(forward, backward) plugin primitives in the graph that computes
-    `arrays`, read from its DOT text."""
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "graph.dot")
-        mx.export_to_dot(path, *arrays)
-        with open(path) as f:
-            labels = re.findall(r'label ="(RMSNormPlugin\w*)', f.read())
-    return (sum(1 for s in labels if s == "RMSNormPlugin"),
-            sum(1 for s in labels if s.startswith("RMSNormPluginVJP")))
+    """(forward, backward) plugin primitives in the graph that computes `arrays`."""
+    counts = primitive_counts(*arrays)
+    return counts["RMSNormPlugin"], counts["RMSNormPluginVJP"]
 
 
 def check_graph(model, plugin, n_norms):

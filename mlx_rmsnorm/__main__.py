@@ -58,11 +58,10 @@ def main(argv: list[str] | None = None) -> None:
     mlx_rmsnorm.patch()
     if report:
         _autopatch.install_report()
+    sys.argv = [target, *args]  # (run_module puts the module's file in argv[0])
     if kind == "module":
-        sys.argv = [target, *args]  # run_module puts the module's file in argv[0]
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     else:
-        sys.argv = [target, *args]
         sys.path[0] = os.path.dirname(os.path.abspath(target))
         runpy.run_path(target, run_name="__main__")
 

@@ -18,6 +18,7 @@ import io
 import os
 import re
 import sys
+from collections import Counter
 
 import mlx.core as mx
 
@@ -35,16 +36,22 @@ def _enabled(name: str) -> bool:
     return os.environ.get(name, "") not in ("", "0")
 
 
+def primitive_counts(*outputs) -> Counter:
+    """How many nodes of each primitive (by name: RMSNormPlugin, RMSNorm, ...)
+    the graph that computes `outputs` holds, read from its DOT text."""
+    dot = io.StringIO()
+    mx.export_to_dot(dot, *outputs)
+    return Counter(re.findall(r'label ="([^"]+)"', dot.getvalue()))
+
+
 def _count(*outputs) -> None:
     global _graphs
     if _graphs >= _MAX_GRAPHS:
         return
     _graphs += 1
-    dot = io.StringIO()
-    mx.export_to_dot(dot, *outputs)
-    for label in re.findall(r'label ="([^"]+)"', dot.getvalue()):
-        if label in _counts:
-            _counts[label] += 1
+    found = primitive_counts(*outputs)
+    for name in _counts:
+        _counts[name] += found[name]
 
 
 def _counting(transform):
