@@ -166,13 +166,21 @@ void RMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
     tmp = scratch(plan.scratch_bytes, stream(), enc);
     rmsnorm::bind_scratch(a, plan, ptr(*tmp));
   }
-  // MLX orders graph nodes by the arrays declared before each one: every
-  // node of a chain reads the inputs and the scratch and writes the outputs
-  // and the scratch, so the chain runs in order.
+  // MLX orders graph nodes by the arrays declared before each one. x, w and
+  // g are declared once, before the chain's first node: that node waits for
+  // their producers, and every node of the chain reads and writes the
+  // scratch and writes the outputs, so the chain runs in order after it.
+  // Declaring them again would count their bytes again toward the size at
+  // which MLX commits its graph (1000 MB on Hopper), and a 32768 x 4096 bf16
+  // backward would end a graph at every call instead of every other one.
+  bool first = true;
   for (const auto& c : plan.calls) {
-    enc.set_input_array(x);
-    if (w) enc.set_input_array(*w);
-    enc.set_input_array(g);
+    if (first) {
+      enc.set_input_array(x);
+      if (w) enc.set_input_array(*w);
+      enc.set_input_array(g);
+      first = false;
+    }
     if (tmp) {
       enc.set_input_array(*tmp);
       enc.set_output_array(*tmp);
