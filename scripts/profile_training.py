@@ -42,11 +42,18 @@ def contenders(mx, ours, builtin, w):
     }
 
 
+CONTENDERS = ["ceiling x+g", "fwd ours", "fwd builtin", "bwd ours", "bwd builtin",
+              "gx-only ours", "gx-only builtin"]
+
+
 def run():
     import mlx.core as mx
 
     import mlx_rmsnorm
 
+    # ncu's CSV goes to stdout too: the report reads the shapes from here, so
+    # it needs no PROFILE_SHAPES of its own.
+    print("SHAPES " + ",".join(f"{m}x{n}" for m, n in SHAPES), flush=True)
     for m, n in SHAPES:
         x = mx.random.normal((m, n)).astype(mx.bfloat16)
         g = mx.random.normal((m, n)).astype(mx.bfloat16)
@@ -63,18 +70,20 @@ def run():
 
 
 def report(path):
-    names = [f"{m}x{n} {c}" for m, n in SHAPES for c in
-             ["ceiling x+g", "fwd ours", "fwd builtin", "bwd ours", "bwd builtin",
-              "gx-only ours", "gx-only builtin"]]
-    kernels = defaultdict(dict)  # id -> {name, us, dram}
     with open(path) as f:
-        lines = [l for l in f if l.startswith('"')]
+        text = f.readlines()
+    shapes = next((l.split()[1] for l in text if l.startswith("SHAPES ")), None)
+    shapes = shapes.split(",") if shapes else [f"{m}x{n}" for m, n in SHAPES]
+    names = [f"{s} {c}" for s in shapes for c in CONTENDERS]
+    kernels = defaultdict(dict)  # id -> {name, us, dram}
+    lines = [l for l in text if l.startswith('"')]
     for row in csv.DictReader(lines):
         k = kernels[int(row["ID"])]
         k["name"] = row["Kernel Name"]
         v = float(row["Metric Value"].replace(",", ""))
         if row["Metric Name"] == "gpu__time_duration.sum":
-            k["us"] = v / 1000 if row["Metric Unit"] == "nsecond" else v
+            unit = row["Metric Unit"]
+            k["us"] = v / 1000 if unit in ("ns", "nsecond") else v * 1000 if unit in ("ms", "msecond") else v
         else:
             k["dram"] = v
     seq = [kernels[i] for i in sorted(kernels)]
