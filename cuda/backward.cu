@@ -111,6 +111,7 @@ void plan_split(const BwdArgs& a, Plan& p) {
     p.calls.push_back(make_call(
         reinterpret_cast<const void*>(&bwd_split_cols<X, G, VEC>),
         dim3(tiles, splits), dim3(32, 8), 0, "bwd_split_cols"));
+    p.gx_call = 1;
   }
   if (a.gw != nullptr) p.calls.push_back(final_colsum(a.n));
 }
