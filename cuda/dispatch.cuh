@@ -23,6 +23,7 @@ inline void check(cudaError_t err, const char* what) {
 
 // What the current device runs our code as (cached per device).
 struct Target {
+  int device;  // the CUDA runtime's current device when it was asked for
   int family;  // 90, 80 or 75: the plan tables' family (plans.h)
   int sms;     // multiprocessors
 };

@@ -28,8 +28,9 @@ Plan plan_gather(const GatherArgs& a) {
   Plan p;
   if (a.count == 0) return p;
   if (a.ndim > kGatherMaxDims)
-    throw std::invalid_argument("[mlx_rmsnorm] inputs with more than 8 dimensions "
-                                "must be contiguous");
+    throw std::invalid_argument("[mlx_rmsnorm] inputs with more than " +
+                                std::to_string(kGatherMaxDims) +
+                                " dimensions must be contiguous");
   const void* fn = a.elem_bytes == 2   ? reinterpret_cast<const void*>(&gather<uint16_t>)
                    : a.elem_bytes == 4 ? reinterpret_cast<const void*>(&gather<uint32_t>)
                                        : reinterpret_cast<const void*>(&gather<uint64_t>);

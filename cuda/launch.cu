@@ -108,6 +108,7 @@ const Target& target() {
   }
   check(err, "cudaFuncGetAttributes");
   Target t{};
+  t.device = dev;
   // ptxVersion is the virtual architecture the running code was compiled
   // for (x10): an sm_90 cubin says 90, compute_80 PTX JIT-compiled on an
   // H200 says 80, and that code has the family-80 paths (common.cuh arch).
@@ -141,8 +142,7 @@ static int allow_dynamic_smem(int dev, const void* host_fn) {
 
 int blocks_per_sm(const void* host_fn, int block, unsigned smem) {
   static std::map<std::tuple<int, const void*, int, unsigned>, int> cache;
-  int dev = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
+  const int dev = target().device;
   std::lock_guard<std::mutex> lock(cache_mutex);
   auto key = std::make_tuple(dev, host_fn, block, smem);
   auto it = cache.find(key);
@@ -162,9 +162,7 @@ KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
   // Every launch comes through here: a GPU this build has no code for gets
   // target()'s error (naming the GPU, the architectures built, the rebuild)
   // rather than the driver's bare "no kernel image".
-  target();
-  int dev = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
+  const int dev = target().device;
   cudaFunction_t fn = nullptr;
   {
     std::lock_guard<std::mutex> lock(cache_mutex);

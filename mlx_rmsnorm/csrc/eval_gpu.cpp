@@ -48,9 +48,10 @@ void allocate(mx::array& out, const mx::Stream& s,
   allocate_device(out, s.device.index);
 }
 
-// fp32 scratch that lives until the graph has run.
-mx::array scratch(size_t bytes, const mx::Stream& s, mx::cu::CommandEncoder& enc) {
-  mx::array a({static_cast<int>((bytes + 3) / 4)}, mx::float32, nullptr, {});
+// A buffer of ours that lives until the graph has run.
+mx::array temporary(const mx::Shape& shape, mx::Dtype dtype, const mx::Stream& s,
+                    mx::cu::CommandEncoder& enc) {
+  mx::array a(shape, dtype, nullptr, {});
   allocate(a, s);
   enc.add_temporary(a);
   return a;
@@ -80,9 +81,7 @@ void use_device(const mx::Stream& s) {
 const mx::array& rows_of(const mx::array& in, std::optional<mx::array>& copy,
                          const mx::Stream& s, mx::cu::CommandEncoder& enc) {
   if (in.flags().row_contiguous) return in;
-  copy = mx::array(in.shape(), in.dtype(), nullptr, {});
-  allocate(*copy, s);
-  enc.add_temporary(*copy);
+  copy = temporary(in.shape(), in.dtype(), s, enc);
   rmsnorm::GatherArgs a{};
   a.src = ptr(in);
   a.dst = ptr(*copy);
@@ -163,7 +162,9 @@ void RMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
       a, static_cast<rmsnorm::Algorithm>(static_cast<int>(algorithm_)));
   std::optional<mx::array> tmp;
   if (plan.scratch_bytes > 0) {
-    tmp = scratch(plan.scratch_bytes, stream(), enc);
+    // fp32 scratch (the gw partials, row statistics)
+    tmp = temporary({static_cast<int>((plan.scratch_bytes + 3) / 4)}, mx::float32,
+                    stream(), enc);
     rmsnorm::bind_scratch(a, plan, ptr(*tmp));
   }
   // MLX orders graph nodes by the arrays declared before each one, and a
