@@ -2,6 +2,11 @@
 
     python -m mlx_rmsnorm.bench [--training | --no-sweep | --sections LIST]
                                 [--quick] [--dtype bfloat16] [--out DIR]
+    python -m mlx_rmsnorm.bench --generate [--quick] [--out DIR]
+
+The default run (no section chosen) ends with the generation benchmark
+(mlx_rmsnorm/bench_generate.py: prefill and per-token decode of mlx-lm
+models, built-in vs patch()); --generate runs it alone.
 
 Sections (the default run has all four; --training = training,decode;
 --no-sweep = table):
@@ -481,7 +486,11 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=7, help="interleaved repeats per figure")
     p.add_argument("--singles", type=int, default=3, help="one-call evals per figure and repeat")
     p.add_argument("--out", default="bench-results", help="folder for CSV, JSON, PNG")
+    p.add_argument("--generate", action="store_true", help="only the generation benchmark "
+                   "(mlx-lm models, prefill and decode; python -m mlx_rmsnorm.bench_generate -h)")
     args = p.parse_args(argv)
+    if args.generate:
+        return run_generate(args)
     sections = parse_sections(args)
     shapes = parse_shapes(args.shapes) if args.shapes else None
 
@@ -522,7 +531,15 @@ def main(argv=None):
               f"{args.repeats} interleaved repeats")
         print_impl_table(rows, "table")
     print(f"\nresults: {base}.csv, {base}.json ({elapsed:.0f} s)")
+    if not (args.sections or args.training or args.no_sweep or args.shapes):
+        run_generate(args)  # the whole benchmark ends with the user's view: generation
     return 0
+
+
+def run_generate(args):
+    from . import bench_generate
+
+    return bench_generate.main((["--quick"] if args.quick else []) + ["--out", args.out])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,202 @@
+"""Generation benchmark: mlx-lm models generating with MLX's built-in
+mx.fast.rms_norm and with mlx_rmsnorm.patch(), in interleaved rounds in one
+process (built-in, plugin, built-in, plugin, ...).
+
+    python -m mlx_rmsnorm.bench --generate [--quick] [--out DIR]
+    python -m mlx_rmsnorm.bench_generate [--models qwen3-0.6b,llama-3-8b]
+        [--rounds 5] [--prompt 2048] [--tokens 64] [--vocab 32768] [--quick]
+
+What mlx-lm's generate does, without its sampler and detokenizer: the prompt
+in one eval (prefill, filling the KV cache), then greedy decoding, one eval
+per token. Random weights in bf16, nothing downloaded:
+  qwen3-0.6b   Qwen3-0.6B's shape: hidden 1024, 28 layers, 16/8 heads of 128
+               (QK-norm: 4 norm calls a layer), tied embeddings
+  llama-3-8b   Llama-3-8B's shape: hidden 4096, 32 layers, 32/8 heads, 14336
+The vocabulary is --vocab (the real ones are 151936 and 128256): it sizes
+only the embedding and the head, which the norm never sees.
+
+Each round times the prefill and every decode step; a row gives ms (median
+[min-max] over rounds of each round's figure: the prefill, the median decode
+step) and the ratio built-in / plugin (median [min-max] of per-round ratios,
+each plugin round against the built-in round before it). The greedy tokens of
+every round must be the built-in's first round's; where they part, the
+built-in's margin between its two best logits at that step must be within
+bf16 rounding (a near-tie), or the run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+
+import mlx.core as mx
+
+MODELS = {
+    "qwen3-0.6b": ("qwen3", dict(
+        model_type="qwen3", hidden_size=1024, num_hidden_layers=28, intermediate_size=3072,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+        max_position_embeddings=40960, tie_word_embeddings=True, rope_theta=1000000.0)),
+    "llama-3-8b": ("llama", dict(
+        model_type="llama", hidden_size=4096, num_hidden_layers=32, intermediate_size=14336,
+        num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5,
+        max_position_embeddings=8192, tie_word_embeddings=False, rope_theta=500000.0)),
+}
+# --quick: the same code paths at sizes a CPU runs in seconds
+QUICK_SHAPES = {
+    "qwen3-0.6b": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    "llama-3-8b": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=160,
+                       num_attention_heads=4, num_key_value_heads=2),
+}
+VARIANTS = (("mx.fast", False), ("mlx_rmsnorm", True))
+# Two logits within this of each other are a tie at bf16 resolution (8 bits
+# of mantissa: 2^-7 relative at logits of magnitude ~1-4).
+TIE = 0.05
+
+
+def build_model(name, vocab, quick):
+    import importlib
+
+    module_name, config = MODELS[name]
+    module = importlib.import_module(f"mlx_lm.models.{module_name}")
+    config = dict(config, vocab_size=vocab, **(QUICK_SHAPES[name] if quick else {}))
+    mx.random.seed(0)
+    model = module.Model(module.ModelArgs(**config))
+    model.set_dtype(mx.bfloat16)
+    mx.eval(model.parameters())
+    return model
+
+
+def generate(model, prompt, tokens):
+    """(prefill seconds, [decode step seconds], greedy tokens, top-2 margins)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    t0 = time.perf_counter()
+    logits = model(prompt[None], cache=cache)[:, -1]
+    tok = mx.argmax(logits, axis=-1)
+    mx.eval(tok)
+    prefill = time.perf_counter() - t0
+    out, margins, steps = [], [], []
+    for _ in range(tokens):
+        top2 = mx.topk(logits.astype(mx.float32), 2, axis=-1)
+        out.append(tok.item())
+        margins.append(abs((top2[0, 1] - top2[0, 0]).item()))
+        t0 = time.perf_counter()
+        logits = model(tok[:, None], cache=cache)[:, -1]
+        tok = mx.argmax(logits, axis=-1)
+        mx.eval(tok, logits)
+        steps.append(time.perf_counter() - t0)
+    return prefill, steps, out, margins
+
+
+def check_tokens(reference, margins, tokens, label):
+    for i, (a, b) in enumerate(zip(reference, tokens)):
+        if a != b:
+            if margins[i] > TIE:
+                raise SystemExit(f"{label}: greedy token {i} is {b}, the built-in's {a} "
+                                 f"(its top-2 margin {margins[i]:.3g} is no tie)")
+            return i  # a near-tie: the rest follows another context
+    return None
+
+
+def bench(name, args, progress):
+    import mlx_rmsnorm
+
+    model = build_model(name, args.vocab, args.quick)
+    prompt = mx.random.randint(0, args.vocab, (args.prompt,), key=mx.random.key(1))
+    mx.eval(prompt)
+    rounds = {v: [] for v, _ in VARIANTS}
+    reference = None
+    parted = []
+    for r in range(args.rounds + 1):  # the first round warms up
+        for variant, plugin in VARIANTS:
+            (mlx_rmsnorm.patch if plugin else mlx_rmsnorm.unpatch)()
+            prefill, steps, tokens, margins = generate(model, prompt, args.tokens)
+            if reference is None:
+                reference = (tokens, margins)
+            else:
+                where = check_tokens(*reference, tokens, f"{name} {variant} round {r}")
+                if where is not None:
+                    parted.append(where)
+            if r:
+                rounds[variant].append((prefill, statistics.median(steps)))
+            progress.update(1)
+    mlx_rmsnorm.unpatch()
+    del model
+    mx.clear_cache()
+    return rounds, parted
+
+
+def spread(med, lo, hi):
+    return f"{med:.3f} [{lo:.3f}-{hi:.3f}]"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (+1 warm-up)")
+    p.add_argument("--prompt", type=int, default=2048, help="prompt tokens (one prefill eval)")
+    p.add_argument("--tokens", type=int, default=64, help="decode steps a round")
+    p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--quick", action="store_true", help="tiny models, a few tokens (CI, CPU)")
+    p.add_argument("--out", default="bench-results", help="folder for the CSV")
+    args = p.parse_args(argv)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [m for m in models if m not in MODELS]
+    if bad:
+        raise SystemExit(f"unknown model(s) {bad}; choose from {list(MODELS)}")
+    if args.quick:
+        args.rounds, args.prompt, args.tokens, args.vocab = min(args.rounds, 2), 32, 4, 256
+    device = mx.default_device()
+    print(f"generation: device {device}, bf16, prompt {args.prompt} tokens in one eval, "
+          f"{args.tokens} greedy tokens one eval each, {args.rounds} interleaved rounds (+1 warm-up)")
+    from .bench import _progress
+
+    progress = _progress(range(len(models) * (args.rounds + 1) * len(VARIANTS)), "generate")
+    progress = progress if hasattr(progress, "update") else _NoProgress()
+    rows = []
+    for name in models:
+        rounds, parted = bench(name, args, progress)
+        b, o = rounds["mx.fast"], rounds["mlx_rmsnorm"]
+        for i, phase in enumerate(("prefill", "decode")):
+            ratios = [bb[i] / oo[i] for bb, oo in zip(b, o)]
+            rows.append(dict(model=name, phase=phase,
+                             builtin_ms=statistics.median(x[i] for x in b) * 1e3,
+                             builtin_min=min(x[i] for x in b) * 1e3, builtin_max=max(x[i] for x in b) * 1e3,
+                             ours_ms=statistics.median(x[i] for x in o) * 1e3,
+                             ours_min=min(x[i] for x in o) * 1e3, ours_max=max(x[i] for x in o) * 1e3,
+                             ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios),
+                             tokens_parted_at=min(parted) if parted else ""))
+    if hasattr(progress, "close"):
+        progress.close()
+    print(f"\n{'model':12} {'phase':8} {'mx.fast ms':>24} {'patch() ms':>24} {'built-in/ours':>22}")
+    for r in rows:
+        print(f"{r['model']:12} {r['phase']:8} "
+              f"{spread(r['builtin_ms'], r['builtin_min'], r['builtin_max']):>24} "
+              f"{spread(r['ours_ms'], r['ours_min'], r['ours_max']):>24} "
+              f"{spread(r['ratio'], r['ratio_min'], r['ratio_max']):>22}")
+    parted = [r for r in rows if r["tokens_parted_at"] != ""]
+    print("greedy tokens: " + ("the same in every round" if not parted else
+          "; ".join(f"{r['model']} parted at a near-tie, step {r['tokens_parted_at']}" for r in parted[::2])))
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "generate.csv")
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"results: {path}")
+    return 0
+
+
+class _NoProgress:
+    def update(self, n):
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

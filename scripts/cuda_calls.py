@@ -1,0 +1,237 @@
+"""Which CUDA calls does an eval make? Counts every runtime and driver API
+call (scripts/cuda_calls.cpp, a CUPTI injection library) per eval, for the
+built-in and for the plugin, in the workloads where a fixed cost per call
+shows: one norm call per eval (forward, backward), many calls per eval, a
+decode step of an mlx-lm model (one eval per token, as mlx_lm.generate) and a
+compiled training step. Run on the GPU machine:
+
+    python3 scripts/cuda_calls.py [--out FILE] [--scenarios a,b,...]
+
+Prints, per scenario, ms per eval and the calls per eval of each contender
+(both columns, the API functions where they differ first) and the host time
+spent inside those calls. The built-in is MLX's own mx.fast.rms_norm; the
+plugin is the same code under mlx_rmsnorm.patch().
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import os
+import statistics
+import subprocess
+import sys
+import sysconfig
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LIB = "/tmp/mlx_rmsnorm_cuda_calls.so"
+
+
+def _cupti_dirs():
+    roots = ["/usr/local/cuda/extras/CUPTI", "/usr/local/cuda", *glob.glob("/usr/local/cuda-*")]
+    site = sysconfig.get_paths()["purelib"]
+    roots += glob.glob(os.path.join(site, "nvidia", "cuda_cupti")) + glob.glob(os.path.join(site, "nvidia", "cu13"))
+    inc = next((os.path.join(r, "include") for r in roots if os.path.exists(os.path.join(r, "include", "cupti.h"))), None)
+    lib = next((d for r in roots for d in (os.path.join(r, "lib64"), os.path.join(r, "lib"))
+                if glob.glob(os.path.join(d, "libcupti.so*"))), None)
+    if inc is None or lib is None:
+        raise SystemExit(f"CUPTI not found (include {inc}, lib {lib})")
+    return inc, lib
+
+
+def build():
+    inc, lib = _cupti_dirs()
+    cupti = sorted(glob.glob(os.path.join(lib, "libcupti.so*")))[0]
+    subprocess.run(["g++", "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{inc}",
+                    os.path.join(HERE, "cuda_calls.cpp"), "-o", LIB, cupti,
+                    f"-Wl,-rpath,{lib}"], check=True)
+
+
+class Counter:
+    def __init__(self):
+        self.lib = ctypes.CDLL(LIB)  # the same handle the driver loaded
+        self.buf = ctypes.create_string_buffer(1 << 20)
+
+    def reset(self):
+        self.lib.cc_reset()
+
+    def read(self):
+        self.lib.cc_dump(self.buf, len(self.buf))
+        out = {}
+        for line in self.buf.value.decode().splitlines():
+            domain, name, calls, ns = line.split("\t")
+            out[f"{domain[:3]}:{name}"] = (int(calls), int(ns))
+        return out
+
+
+# ---------------------------------------------------------------- scenarios
+def scenarios(names):
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    import mlx_rmsnorm
+
+    def norm_inputs(m, n):
+        x = mx.random.normal((m, n)).astype(mx.bfloat16)
+        g = mx.random.normal((m, n)).astype(mx.bfloat16)
+        w = (1 + 0.1 * mx.random.normal((n,))).astype(mx.bfloat16)
+        mx.eval(x, g, w)
+        return x, g, w
+
+    def single_fwd(m, n):
+        x, _, w = norm_inputs(m, n)
+        return lambda: mx.eval(mx.fast.rms_norm(x, w, 1e-5))
+
+    def single_bwd(m, n, frozen=False):
+        x, g, w = norm_inputs(m, n)
+        if frozen:
+            return lambda: mx.eval(mx.vjp(lambda x: mx.fast.rms_norm(x, w, 1e-5), [x], [g]))
+        return lambda: mx.eval(mx.vjp(lambda x, w: mx.fast.rms_norm(x, w, 1e-5), [x, w], [g]))
+
+    def many_bwd(m, n, calls=20):
+        x, g, w = norm_inputs(m, n)
+
+        def run():
+            outs = []
+            for _ in range(calls):
+                outs += mx.vjp(lambda x, w: mx.fast.rms_norm(x, w, 1e-5), [x, w], [g])[1]
+            mx.eval(outs)
+        return run
+
+    def decode(layers):
+        from mlx_lm.models import cache as kv_cache, qwen3
+        mx.random.seed(0)
+        model = qwen3.Model(qwen3.ModelArgs(
+            model_type="qwen3", hidden_size=1024, num_hidden_layers=layers, intermediate_size=3072,
+            num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+            max_position_embeddings=40960, tie_word_embeddings=True, rope_theta=1e6,
+            vocab_size=32768))
+        model.set_dtype(mx.bfloat16)
+        mx.eval(model.parameters())
+        prompt = mx.random.randint(0, 32768, (1, 64))
+        state = {}
+
+        def reset():
+            state["cache"] = kv_cache.make_prompt_cache(model)
+            logits = model(prompt, cache=state["cache"])
+            state["tok"] = mx.argmax(logits[:, -1], axis=-1, keepdims=True)
+            mx.eval(state["tok"])
+
+        def step():
+            if "cache" not in state or state["cache"][0].offset > 512:
+                reset()
+            logits = model(state["tok"], cache=state["cache"])
+            state["tok"] = mx.argmax(logits[:, -1], axis=-1, keepdims=True)
+            mx.eval(state["tok"])
+        return step
+
+    def train_step(layers):
+        from functools import partial
+
+        import mlx.optimizers as optim
+        from mlx_lm.models import qwen3
+        mx.random.seed(0)
+        model = qwen3.Model(qwen3.ModelArgs(
+            model_type="qwen3", hidden_size=1024, num_hidden_layers=layers, intermediate_size=3072,
+            num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+            max_position_embeddings=40960, tie_word_embeddings=True, rope_theta=1e6,
+            vocab_size=32768))
+        model.set_dtype(mx.bfloat16)
+        mx.eval(model.parameters())
+        opt = optim.AdamW(learning_rate=1e-5)
+        opt.init(model.trainable_parameters())
+        tokens = mx.random.randint(0, 32768, (2, 2049))
+        x, y = tokens[:, :-1], tokens[:, 1:]
+        steps = {}
+
+        def loss_fn(model, x, y):
+            return nn.losses.cross_entropy(model(x), y).mean()
+
+        def run():
+            key = mlx_rmsnorm.is_patched()
+            if key not in steps:  # traced under the patch state it runs in
+                st = [model.state, opt.state]
+
+                @partial(mx.compile, inputs=st, outputs=st)
+                def step(x, y):
+                    loss, grads = nn.value_and_grad(model, loss_fn)(model, x, y)
+                    opt.update(model, grads)
+                    return loss
+                steps[key] = step
+            mx.eval(steps[key](x, y))
+        return run
+
+    table = {
+        "fwd1-2048x1024": (lambda: single_fwd(2048, 1024), 40),
+        "fwd1-1x1024": (lambda: single_fwd(1, 1024), 40),
+        "bwd1-8192x2048": (lambda: single_bwd(8192, 2048), 40),
+        "bwd1-frozen-8192x2048": (lambda: single_bwd(8192, 2048, frozen=True), 40),
+        "bwd20-8192x1024": (lambda: many_bwd(8192, 1024), 20),
+        "decode-qwen3-0.6b": (lambda: decode(28), 40),
+        "train-qwen3-4layers": (lambda: train_step(4), 8),
+    }
+    return {k: v for k, v in table.items() if not names or k in names}
+
+
+def measure(fn, evals, counter):
+    import mlx_rmsnorm
+    res = {}
+    # interleaved: builtin, plugin, builtin, plugin; the first round warms up
+    for rnd in range(3):
+        for contender in ("builtin", "plugin"):
+            (mlx_rmsnorm.patch if contender == "plugin" else mlx_rmsnorm.unpatch)()
+            for _ in range(3):
+                fn()
+            counter.reset()
+            times = []
+            for _ in range(evals):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            counts = counter.read()
+            if rnd:
+                r = res.setdefault(contender, {"times": [], "counts": counts})
+                r["times"] += times
+    mlx_rmsnorm.unpatch()
+    return res
+
+
+def report(name, res, evals, out):
+    b, p = res["builtin"], res["plugin"]
+    ms = lambda r: statistics.median(r["times"]) * 1e3
+    lines = [f"## {name}: {evals} evals; ms per eval (median) builtin {ms(b):.3f}, "
+             f"plugin {ms(p):.3f} (plugin/builtin {ms(p) / ms(b):.3f})",
+             f"{'API call':44} {'builtin/eval':>12} {'plugin/eval':>12} {'us/eval b':>10} {'us/eval p':>10}"]
+    keys = sorted(set(b["counts"]) | set(p["counts"]),
+                  key=lambda k: (-abs(p["counts"].get(k, (0, 0))[0] - b["counts"].get(k, (0, 0))[0]), k))
+    for k in keys:
+        cb, nb = b["counts"].get(k, (0, 0))
+        cp, np_ = p["counts"].get(k, (0, 0))
+        lines.append(f"{k:44} {cb / evals:12.2f} {cp / evals:12.2f} {nb / evals / 1e3:10.2f} {np_ / evals / 1e3:10.2f}")
+    text = "\n".join(lines)
+    print(text, flush=True)
+    out.write(text + "\n\n")
+    out.flush()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="cuda-calls.txt")
+    p.add_argument("--scenarios", default="")
+    args = p.parse_args()
+    if os.environ.get("CUDA_INJECTION64_PATH") != LIB:
+        build()
+        env = dict(os.environ, CUDA_INJECTION64_PATH=LIB)
+        sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
+    counter = Counter()
+    names = [s for s in args.scenarios.split(",") if s]
+    with open(args.out, "w") as out:
+        for name, (make, evals) in scenarios(names).items():
+            res = measure(make(), evals, counter)
+            report(name, res, evals, out)
+
+
+if __name__ == "__main__":
+    main()
