@@ -92,13 +92,21 @@ __global__ void probe() {}
       "MLX_RMSNORM_CUDA_ARCHS for every architecture MLX supports.");
 }
 
+// The device use_device() made current on this thread; -1 before (the CLI
+// never calls it: target() then asks the runtime).
+static thread_local int current_device = -1;
+
 const Target& target() {
   static std::map<int, Target> cache;
-  int dev = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
+  // The last answer on this thread: map nodes never move, and a call on the
+  // same device as the last one needs no lock and no runtime call.
+  static thread_local const Target* last = nullptr;
+  int dev = current_device;
+  if (dev < 0) check(cudaGetDevice(&dev), "cudaGetDevice");
+  if (last != nullptr && last->device == dev) return *last;
   std::lock_guard<std::mutex> lock(cache_mutex);
   auto it = cache.find(dev);
-  if (it != cache.end()) return it->second;
+  if (it != cache.end()) return *(last = &it->second);
   cudaFuncAttributes attr{};
   cudaError_t err = cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(&probe));
   if (err == cudaErrorInvalidDeviceFunction || err == cudaErrorNoKernelImageForDevice ||
@@ -115,7 +123,7 @@ const Target& target() {
   t.family = attr.ptxVersion >= 90 ? 90 : attr.ptxVersion >= 80 ? 80 : 75;
   check(cudaDeviceGetAttribute(&t.sms, cudaDevAttrMultiProcessorCount, dev),
         "cudaDeviceGetAttribute(SM count)");
-  return cache[dev] = t;
+  return *(last = &(cache[dev] = t));
 }
 
 // Lets a kernel take all the dynamic shared memory the device allows, once
@@ -180,6 +188,12 @@ KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
 }
 
 }  // namespace detail
+
+void use_device(int device) {
+  if (device == detail::current_device) return;
+  detail::check(cudaSetDevice(device), "cudaSetDevice");
+  detail::current_device = device;
+}
 
 int device_family() { return detail::target().family; }
 

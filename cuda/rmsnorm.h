@@ -113,6 +113,12 @@ Plan plan_gather(const GatherArgs& a);
 // Fill the scratch pointers of `a` from a base pointer of plan.scratch_bytes.
 void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch);
 
+// Makes `device` current for the kernels of this build, which run through
+// their own copy of the CUDA runtime (its current device is not MLX's). Per
+// thread, like the runtime's; cudaSetDevice only when the device changes, so
+// a steady stream of calls on one GPU makes no runtime call here.
+void use_device(int device);
+
 // The plan family (90, 80 or 75, plans.h) of the current device's code; throws
 // std::runtime_error when this build has no code for the device.
 int device_family();

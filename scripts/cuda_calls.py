@@ -127,22 +127,17 @@ def scenarios(names):
             mx.eval(state["tok"])
         return step
 
-    def train_step(layers):
+    def train_step(model_name, frozen=False):
+        """A compiled step of examples/bench_train_step.py's models."""
         from functools import partial
 
         import mlx.optimizers as optim
-        from mlx_lm.models import qwen3
-        mx.random.seed(0)
-        model = qwen3.Model(qwen3.ModelArgs(
-            model_type="qwen3", hidden_size=1024, num_hidden_layers=layers, intermediate_size=3072,
-            num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
-            max_position_embeddings=40960, tie_word_embeddings=True, rope_theta=1e6,
-            vocab_size=32768))
-        model.set_dtype(mx.bfloat16)
-        mx.eval(model.parameters())
+        sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+        from bench_train_step import build_model
+        model, _ = build_model(model_name, 32768, False, frozen)
         opt = optim.AdamW(learning_rate=1e-5)
         opt.init(model.trainable_parameters())
-        tokens = mx.random.randint(0, 32768, (2, 2049))
+        tokens = mx.random.randint(0, 32768, (4, 2049))
         x, y = tokens[:, :-1], tokens[:, 1:]
         steps = {}
 
@@ -170,7 +165,9 @@ def scenarios(names):
         "bwd1-frozen-8192x2048": (lambda: single_bwd(8192, 2048, frozen=True), 40),
         "bwd20-8192x1024": (lambda: many_bwd(8192, 1024), 20),
         "decode-qwen3-0.6b": (lambda: decode(28), 40),
-        "train-qwen3-4layers": (lambda: train_step(4), 8),
+        "train-qwen3-0.6b": (lambda: train_step("qwen3-0.6b"), 6),
+        "train-llama-8b-slice-frozen": (lambda: train_step("llama-8b-slice", frozen=True), 6),
+        "train-llama-8b-slice": (lambda: train_step("llama-8b-slice"), 6),
     }
     return {k: v for k, v in table.items() if not names or k in names}
 

@@ -66,16 +66,6 @@ void record(mx::cu::CommandEncoder& enc, const rmsnorm::KernelCall& c, Args args
                          dim3(), c.smem, args);
 }
 
-// Our kernels run through our own copy of the CUDA runtime, whose current
-// device is separate from MLX's: point it at the stream's device.
-void use_device(const mx::Stream& s) {
-  cudaError_t err = cudaSetDevice(s.device.index);
-  if (err != cudaSuccess) {
-    throw std::runtime_error(std::string("[mlx_rmsnorm] cudaSetDevice: ") +
-                             cudaGetErrorString(err));
-  }
-}
-
 // `in` as row-contiguous memory: itself, or (a view: transposed, sliced,
 // broadcast) a copy gathered on the GPU into `copy`.
 const mx::array& rows_of(const mx::array& in, std::optional<mx::array>& copy,
@@ -107,7 +97,7 @@ void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs,
                        std::vector<mx::array>& outputs) {
   mx::array& y = outputs[0];
   auto& enc = mx::cu::get_command_encoder(stream());
-  use_device(stream());
+  rmsnorm::use_device(stream().device.index);
   std::optional<mx::array> x_copy, w_copy;
   const mx::array& x = rows_of(inputs[0], x_copy, stream(), enc);
   const mx::array* w = has_weight_ ? &rows_of(inputs[1], w_copy, stream(), enc) : nullptr;
@@ -135,7 +125,7 @@ void RMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
                           std::vector<mx::array>& outputs) {
   // outputs: gx, and gw only when the weight's gradient is wanted.
   auto& enc = mx::cu::get_command_encoder(stream());
-  use_device(stream());
+  rmsnorm::use_device(stream().device.index);
   std::optional<mx::array> x_copy, w_copy, g_copy;
   const mx::array& x = rows_of(inputs[0], x_copy, stream(), enc);
   const mx::array* w = has_weight_ ? &rows_of(inputs[1], w_copy, stream(), enc) : nullptr;
