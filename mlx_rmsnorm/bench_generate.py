@@ -4,7 +4,7 @@ process (built-in, plugin, built-in, plugin, ...).
 
     python -m mlx_rmsnorm.bench --generate [--quick] [--out DIR]
     python -m mlx_rmsnorm.bench_generate [--models qwen3-0.6b,llama-3-8b]
-        [--rounds 5] [--prompt 2048] [--tokens 64] [--vocab 32768] [--quick]
+        [--rounds 7] [--prompt 2048] [--tokens 64] [--vocab 32768] [--quick]
 
 What mlx-lm's generate does, without its sampler and detokenizer: the prompt
 in one eval (prefill, filling the KV cache), then greedy decoding, one eval
@@ -139,7 +139,7 @@ def spread(med, lo, hi):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (+1 warm-up)")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (+1 warm-up)")
     p.add_argument("--prompt", type=int, default=2048, help="prompt tokens (one prefill eval)")
     p.add_argument("--tokens", type=int, default=64, help="decode steps a round")
     p.add_argument("--vocab", type=int, default=32768)
