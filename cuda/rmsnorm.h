@@ -39,6 +39,10 @@ struct FwdArgs {
   int n;
   float eps;
   DType x_dtype, w_dtype, y_dtype;
+  // LayerNorm only (row_math.cuh LayerRow): y += b; n, dtype b_dtype, or
+  // nullptr (no bias). Appended so that the RMSNorm kernels keep their layout.
+  const void* b;
+  DType b_dtype;
 };
 
 // gx, gw of y = rmsnorm(x) * w against the incoming gradient g.
@@ -58,6 +62,10 @@ struct BwdArgs {
   float eps;
   DType x_dtype, w_dtype, g_dtype;
   int partial_rows;  // rows of `partials` that the gw column sum adds up
+  // LayerNorm only: gb (n, b_dtype), or nullptr (no bias, or frozen). Its
+  // partials follow gw's in the scratch: partials + partial_rows * n.
+  void* gb;
+  DType b_dtype;
 };
 
 // out = x + g elementwise (dtype t): the copy-bandwidth ceiling of the
