@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstddef>
+#include <iterator>
 
 namespace rmsnorm::plans {
 
@@ -153,6 +154,33 @@ inline constexpr RowPlan kForward[] = {
     {2048, 512, 512, 4, 1, false, 1, kPerStep},    // N <= 16384
     {4096, 1024, 1024, 4, 1, false, 1, kPerStep},  // N <= 32768
 };
+
+// LayerNorm (row_math.cuh LayerRow; planned in layer_norm.cu). The same
+// walks, so the RMSNorm rows are reused where they fit, copied by index so
+// that a retuned RMSNorm row carries over:
+// - Backward: every RMSNorm row up to N = 8192 bf16 (nvec <= 1024). LayerNorm
+//   keeps a second fp32 partial (gb) beside gw for the whole walk, CHUNKS * VEC
+//   more live floats; the N <= 16384 row (512 x 4 chunks: w and two partials,
+//   96 floats a thread) is not taken (ptxas -res-usage on sm_90: see
+//   docs/layernorm.md), so longer rows go to the built-in.
+// - Forward: every RMSNorm row (the row stays in registers; b is read beside
+//   w). Two reductions a row instead of one (mean, then the centred sum of
+//   squares: no cancellation).
+// Not tuned on its own yet: the rows are the RMSNorm choices (docs/layernorm.md
+// has the H200 figures they give). Rows past a table, and N not a multiple of
+// a 16-byte vector, go to mx.fast.layer_norm (the op decides before building
+// the graph, layer_norm.cpp).
+inline constexpr RowPlan kLayerBackwardSm90[] = {
+    kBackwardSm90[0], kBackwardSm90[1], kBackwardSm90[2], kBackwardSm90[3],
+    kBackwardSm90[4], kBackwardSm90[5], kBackwardSm90[6], kBackwardSm90[7],
+    kBackwardSm90[8], kBackwardSm90[9],
+};
+inline constexpr RowPlan kLayerBackwardSm80[] = {
+    kBackwardSm80[0], kBackwardSm80[1], kBackwardSm80[2], kBackwardSm80[3],
+    kBackwardSm80[4], kBackwardSm80[5], kBackwardSm80[6], kBackwardSm80[7],
+    kBackwardSm80[8], kBackwardSm80[9],
+};
+inline constexpr const RowPlan (&kLayerForward)[std::size(kForward)] = kForward;
 
 // Fallbacks (any N, any alignment; VEC = 1 when N or a pointer is not 16-byte
 // friendly).
