@@ -143,6 +143,20 @@ NB_MODULE(_ext, m) {
             ``gb`` likewise for the bias.
         )");
 
+  // Tests only: the GPU path of layer_norm for rows that are not a whole
+  // number of 16-byte vectors, on any stream.
+  m.def(
+      "_layer_norm_builtin_forward_reference_backward",
+      [](const mx::array& x, const std::optional<mx::array>& weight,
+         const std::optional<mx::array>& bias, float eps) {
+        std::vector<mx::array> in = {x};
+        if (weight) in.push_back(*weight);
+        if (bias) in.push_back(*bias);
+        return mlx_rmsnorm::detail::builtin_forward_reference_backward(
+            in, weight.has_value(), bias.has_value(), eps, mx::default_stream(mx::default_device()));
+      },
+      "x"_a, "weight"_a.none(), "bias"_a.none(), "eps"_a);
+
   // Used by mlx_rmsnorm/_patching.py around functions that mx.export_function
   // and mx.exporter trace (MLX does not expose its own flag).
   m.def("_set_export_tracing", &mlx_rmsnorm::set_export_tracing, "on"_a,

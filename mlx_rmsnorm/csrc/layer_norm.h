@@ -19,8 +19,9 @@ namespace mx = mlx::core;
 // floating. Integer and bool inputs are cast to that type first; float64 runs
 // MLX ops in float64 (layer_reference below); while an export is being traced
 // the op is the built-in's. On a GPU stream, rows that no LayerNorm plan
-// covers (rmsnorm::layer_norm_planned: N not a multiple of a 16-byte vector,
-// or past the tables) go to mx.fast.layer_norm, forward and backward.
+// covers go to mx.fast.layer_norm: past the tables, forward and backward; N
+// not a multiple of a 16-byte vector, its forward and our fp32 reference
+// backward (detail::builtin_forward_reference_backward).
 mx::array layer_norm(const mx::array& x, const std::optional<mx::array>& weight,
                      const std::optional<mx::array>& bias, float eps,
                      mx::StreamOrDevice s = {});
@@ -30,6 +31,17 @@ mx::array layer_norm(const mx::array& x, const std::optional<mx::array>& weight,
 mx::Dtype check_layer_inputs(const char* op, const mx::array& x,
                              const std::optional<mx::array>& weight,
                              const std::optional<mx::array>& bias);
+
+namespace detail {
+// Whether rows of n elements of x_type are a whole number of 16-byte vectors.
+bool vector_rows(mx::Dtype x_type, int n);
+// mx.fast.layer_norm's forward with layer_reference's backward as its vjp,
+// over (x, [w], [b]) already cast as layer_norm casts them: the GPU path for
+// rows that are not a whole number of 16-byte vectors (layer_norm.cpp says why).
+mx::array builtin_forward_reference_backward(const std::vector<mx::array>& inputs,
+                                             bool has_w, bool has_b, float eps,
+                                             mx::Stream s);
+}  // namespace detail
 
 // LayerNorm in MLX ops, computed in fp32 (float64 for float64 results): the
 // float64 path, and the functions that jvp, vmap and second-order vjp

@@ -102,18 +102,25 @@ std::vector<std::optional<mx::array>> layer_norm_vjp(
         dtype_str(g.dtype()) + ".");
   }
   auto stream = mx::to_stream(s);
-  if (export_tracing() ||
-      (out_type != mx::float64 && stream.device.type == mx::Device::DeviceType::gpu &&
-       !gpu_planned(kernel_input(x, out_type, stream).dtype(), out_type, x.shape(-1), stream)))
-    return builtin_vjp(x, weight, bias, g, eps, need_gw, need_gb, out_type, s);
+  if (export_tracing()) return builtin_vjp(x, weight, bias, g, eps, need_gw, need_gb, out_type, s);
   auto xk = kernel_input(x, out_type, stream);
+  bool reference_only = out_type == mx::float64;
+  if (!reference_only && stream.device.type == mx::Device::DeviceType::gpu &&
+      !gpu_planned(xk.dtype(), out_type, x.shape(-1), stream)) {
+    // As layer_norm: the built-in past our tables, our fp32 reference where
+    // rows are not a whole number of 16-byte vectors (the built-in's gx is
+    // wrong there for 16-bit dtypes).
+    if (detail::vector_rows(xk.dtype(), x.shape(-1)))
+      return builtin_vjp(x, weight, bias, g, eps, need_gw, need_gb, out_type, s);
+    reference_only = true;
+  }
   std::optional<mx::array> w, b;
   if (weight) w = kernel_input(*weight, out_type, stream);
   if (bias) b = kernel_input(*bias, out_type, stream);
   need_gw = need_gw && w.has_value();
   need_gb = need_gb && b.has_value();
   std::vector<mx::array> grads;
-  if (out_type == mx::float64) {
+  if (reference_only) {
     std::optional<mx::Dtype> gb_dtype;
     if (need_gb) gb_dtype = b->dtype();
     grads = layer_reference::backward(xk, w, g, eps, need_gw, gb_dtype, stream);
