@@ -8,7 +8,10 @@
 // free, and the backward then works for any caller (no forward state).
 #pragma once
 
+#include <type_traits>
+
 #include "common.cuh"
+#include "row_math.cuh"
 
 namespace rmsnorm {
 
@@ -32,9 +35,18 @@ namespace rmsnorm {
 // contiguous ranges) to the bulk copy engine, which frees the other threads'
 // issue slots; a stage is refilled only after the block barrier that follows
 // the last read of it, and completion is signalled on one mbarrier per stage.
-template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK, int CLUSTER>
+//
+// Row is the norm's math (row_math.cuh): its row sums (one or two passes
+// over the staged row, each one block reduction), the gx formula and its
+// column partials (RmsRow: gw; LayerRow: gw and gb), each an fp32 register
+// array for the whole walk, stored once per unit to its own region of the
+// scratch (region p at partials + p * units * n) and summed by colsum.
+template <typename Row, typename X, typename G, int BLOCK, int GROUP, int CHUNKS,
+          int STAGES, bool BULK, int CLUSTER>
 __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
+  static_assert(Row::kExtraIn == 0 && Row::kExtraOut == 0,
+                "extra streams: stage them beside g (stage_bytes, prefetch)");
+  constexpr int P = Row::kPartials;
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ROWS = BLOCK / GROUP;
   // Bulk copies where the family has the copy engine; elsewhere the same
@@ -124,7 +136,7 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   }
 
   float w[CHUNKS][VEC];
-  float acc[CHUNKS][VEC] = {};
+  float acc[P][CHUNKS][VEC] = {};
 #pragma unroll
   for (int j = 0; j < CHUNKS; ++j) {
     int v = j * GROUP + lane;
@@ -152,31 +164,43 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
     const XV* sx = stage_x(s, r);
     const GV* sg = stage_g(s, r);
 
-    float2 sums = make_float2(0.f, 0.f);  // (sum x^2, sum g*w*x)
+    // The row's sums, pass by pass (each pass reads the staged row again and
+    // is one block reduction).
+    typename Row::Stats st{};
+    auto pass_sums = [&](auto pass_index) {
+      constexpr int PASS = decltype(pass_index)::value;
+      float2 sums = make_float2(0.f, 0.f);
 #pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) {
-      int v = j * GROUP + lane;
-      if (valid && v < nvec) {
-        XV xv = sx[v];
-        GV gv = sg[v];
+      for (int j = 0; j < CHUNKS; ++j) {
+        int v = j * GROUP + lane;
+        if (valid && v < nvec) {
+          XV xv = sx[v];
+          GV gv = sg[v];
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          float xf = to_float(xv.v[k]);
-          sums.x += xf * xf;
-          sums.y += to_float(gv.v[k]) * w[j][k] * xf;
+          for (int k = 0; k < VEC; ++k)
+            Row::template add<PASS>(sums, to_float(xv.v[k]), to_float(gv.v[k]),
+                                    w[j][k], st);
         }
       }
-    }
-    sums = group_sum<GROUP, BLOCK>(sums, red);
+      return group_sum<GROUP, BLOCK>(sums, red);
+    };
+    float2 sums = pass_sums(std::integral_constant<int, 0>{});
     if constexpr (kBulk) {
       // Every thread is past its reads of step t-1 (the barrier in group_sum,
       // or this one when a row lives inside a warp): its stage can refill.
       if constexpr (GROUP <= 32) __syncthreads();
       if (t + STAGES - 1 < steps) prefetch(t + STAGES - 1);
     }
-    if constexpr (CLUSTER > 1) sums = cluster_sum<CLUSTER>(sums, slice_sums, t);
-    const float rstd = rsqrtf(sums.x / n + a.eps);
-    const float c = sums.y / n * rstd * rstd * rstd;
+    // Cluster sums alternate two slots by the parity of their count.
+    if constexpr (CLUSTER > 1)
+      sums = cluster_sum<CLUSTER>(sums, slice_sums, Row::kPasses * t);
+    Row::template finish<0>(sums, n, a.eps, st);
+    if constexpr (Row::kPasses > 1) {
+      sums = pass_sums(std::integral_constant<int, 1>{});
+      if constexpr (CLUSTER > 1)
+        sums = cluster_sum<CLUSTER>(sums, slice_sums, Row::kPasses * t + 1);
+      Row::template finish<1>(sums, n, a.eps, st);
+    }
 
     if (valid) {
       XV* gxr = reinterpret_cast<XV*>(gx + row * n);
@@ -191,8 +215,9 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
           for (int k = 0; k < VEC; ++k) {
             float xf = to_float(xv.v[k]);
             float gf = to_float(gv.v[k]);
-            out.v[k] = from_float<X>(rstd * w[j][k] * gf - xf * c);
-            acc[j][k] += gf * xf * rstd;
+            out.v[k] = from_float<X>(Row::gx(xf, gf, w[j][k], st));
+#pragma unroll
+            for (int p = 0; p < P; ++p) acc[p][j][k] += Row::partial(p, xf, gf, st);
           }
           gxr[v] = out;
         }
@@ -202,75 +227,81 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   if constexpr (!kBulk) __pipeline_wait_prior(0);
   // No block may leave while another can still read its slice_sums.
   if constexpr (CLUSTER > 1) cluster_barrier();
-  if (a.gw == nullptr) return;  // no weight, or its gradient is not wanted
 
-  // The partial leaves through shared memory (the stages are free now), so
-  // that every global store is a 16-byte vector of consecutive columns.
-  // Stored straight from acc, a warp's lanes sit VEC floats apart and each
-  // store instruction touched 32 sectors for 4 bytes of each: under ncu the
-  // gw kernel took 13 us longer than the same kernel without gw at
+  // Each wanted partial leaves through shared memory (the stages are free
+  // now), so that every global store is a 16-byte vector of consecutive
+  // columns. Stored straight from acc, a warp's lanes sit VEC floats apart and
+  // each store instruction touched 32 sectors for 4 bytes of each: under ncu
+  // the gw kernel took 13 us longer than the same kernel without gw at
   // 16384x8192 and 4096x8192, for a 13 MB write. Several rows a step
   // (ROWS > 1) add the ROWS partials of this block there in a fixed order
-  // (row lane 0, 1, ...) and write one row.
+  // (row lane 0, 1, ...) and write one row. Unwanted partials (no weight, or
+  // a frozen one; no bias) are neither stored nor summed.
   static_assert(VEC % 4 == 0, "acc leaves as float4");
   float* sacc = reinterpret_cast<float*>(smem);  // n floats fit: see plans.h
-  __syncthreads();  // every thread is past its reads of the last stage
-  for (int rr = 0; rr < ROWS; ++rr) {
-    if (r == rr) {
+  const int64_t units = gridDim.x / CLUSTER;
 #pragma unroll
-      for (int j = 0; j < CHUNKS; ++j) {
-        int v = j * GROUP + lane;
-        if (v < nvec) {
-          float4* dst = reinterpret_cast<float4*>(sacc + v * VEC);
+  for (int p = 0; p < P; ++p) {
+    if (!Row::wants(a, p)) continue;
+    __syncthreads();  // every thread is past its reads of the last stage / sacc
+    for (int rr = 0; rr < ROWS; ++rr) {
+      if (r == rr) {
 #pragma unroll
-          for (int q = 0; q < VEC / 4; ++q) {
-            float4 sum = make_float4(acc[j][4 * q], acc[j][4 * q + 1],
-                                     acc[j][4 * q + 2], acc[j][4 * q + 3]);
-            if (rr > 0) {
-              const float4 prev = dst[q];
-              sum = make_float4(prev.x + sum.x, prev.y + sum.y, prev.z + sum.z,
-                                prev.w + sum.w);
+        for (int j = 0; j < CHUNKS; ++j) {
+          int v = j * GROUP + lane;
+          if (v < nvec) {
+            float4* dst = reinterpret_cast<float4*>(sacc + v * VEC);
+#pragma unroll
+            for (int q = 0; q < VEC / 4; ++q) {
+              float4 sum = make_float4(acc[p][j][4 * q], acc[p][j][4 * q + 1],
+                                       acc[p][j][4 * q + 2], acc[p][j][4 * q + 3]);
+              if (rr > 0) {
+                const float4 prev = dst[q];
+                sum = make_float4(prev.x + sum.x, prev.y + sum.y, prev.z + sum.z,
+                                  prev.w + sum.w);
+              }
+              dst[q] = sum;
             }
-            dst[q] = sum;
           }
         }
       }
+      __syncthreads();
     }
-    __syncthreads();
+    // partials rows are n floats, n a multiple of VEC, and the scratch is
+    // 16-byte aligned: out is too.
+    float4* out = reinterpret_cast<float4*>(a.partials + (p * units + unit) * n +
+                                            (size_t)v0 * VEC);
+    const float4* src = reinterpret_cast<const float4*>(sacc);
+    for (int i = threadIdx.x; i < nvec * VEC / 4; i += BLOCK) out[i] = src[i];
   }
-  // partials rows are n floats, n a multiple of VEC, and the scratch is
-  // 16-byte aligned: out is too.
-  float4* out = reinterpret_cast<float4*>(a.partials + unit * n + (size_t)v0 * VEC);
-  const float4* src = reinterpret_cast<const float4*>(sacc);
-  for (int i = threadIdx.x; i < nvec * VEC / 4; i += BLOCK) out[i] = src[i];
 }
 
 // The kernels. The cluster variant (rows past one SM's shared memory) is
 // launched by the standalone tuner only; plans.h says why MLX does not get
 // it yet.
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK>
+          bool BULK, typename Row = RmsRow>
 __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
-  persistent_walk<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1>(a);
+  persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1>(a);
 }
 
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK, int CLUSTER>
+          bool BULK, int CLUSTER, typename Row = RmsRow>
 __global__ void RMSNORM_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK)
     bwd_persistent_cluster(const BwdArgs a) {
-  persistent_walk<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER>(a);
+  persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER>(a);
 }
 
 // The host stub of the persistent kernel for one launch plan.
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK, int CLUSTER>
+          bool BULK, int CLUSTER, typename Row = RmsRow>
 const void* persistent_kernel_for() {
   if constexpr (CLUSTER > 1) {
     return reinterpret_cast<const void*>(
-        &bwd_persistent_cluster<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER>);
+        &bwd_persistent_cluster<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER, Row>);
   } else {
     return reinterpret_cast<const void*>(
-        &bwd_persistent<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK>);
+        &bwd_persistent<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, Row>);
   }
 }
 

@@ -1,7 +1,11 @@
-// RMSNorm forward kernels: y = x * rsqrt(mean(x^2) + eps) * w, one fused pass.
+// Norm forward kernels. RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w, one
+// fused pass; fwd_rows also runs LayerNorm (row_math.cuh).
 #pragma once
 
+#include <type_traits>
+
 #include "common.cuh"
+#include "row_math.cuh"
 
 namespace rmsnorm {
 
@@ -16,13 +20,20 @@ namespace rmsnorm {
 // its own dtype, vectorized), which keeps registers low, so many small
 // blocks are resident and many more rows' loads are in flight. At mid N
 // this moves more bytes at once than w in registers allows.
+//
+// Row is the norm's math (row_math.cuh): its reduction passes over the row in
+// registers (RmsRow: sum x^2; LayerRow: sum x, then sum (x - mean)^2) and the
+// output formula; with Row::kBias, b is read beside w (absent: 0).
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT>
+          bool PERSISTENT, typename Row = RmsRow>
 __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
   static_assert(STAGES == 1 || STAGES == 2, "one row, or one more loading");
+  static_assert(Row::kExtraIn == 0 && Row::kExtraOut == 0,
+                "extra streams: load them beside x (load) and write beside y");
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ROWS = BLOCK / GROUP;
   constexpr int W_REGS = PERSISTENT ? CHUNKS : 1;  // fp32 w kept for the walk
+  constexpr int B_REGS = Row::kBias ? W_REGS : 1;  // and b, when the norm has one
   using XV = Vec<X, VEC>;
   using OV = Vec<O, VEC>;
   __shared__ float2 red[32];
@@ -45,25 +56,41 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
     }
   };
   float w[W_REGS][VEC];
+  float b[B_REGS][VEC];
+  const bool has_b = Row::kBias && a.b != nullptr;
+  const bool b_aligned = Row::kBias && aligned16(a.b);
+  // b as floats (0 when absent), read like w.
+  auto load_b = [&](int v, float(&bj)[VEC]) {
+    if (has_b) {
+      load_w(a.b, a.b_dtype, v, b_aligned, bj);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) bj[k] = 0.f;
+    }
+  };
   // All threads of a block make the same steps (barriers inside group_sum
   // when GROUP == BLOCK); rows past the end are masked.
   auto finish = [&](const XV (&xv)[CHUNKS], int64_t base) {
     const int64_t row = base + r;
     const bool valid = row < a.rows;
-    float2 sums = make_float2(0.f, 0.f);
+    typename Row::FwdStats st{};
+    auto pass = [&](auto pass_index) {
+      constexpr int PASS = decltype(pass_index)::value;
+      float2 sums = make_float2(0.f, 0.f);
 #pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) {
-      int v = j * GROUP + lane;
-      if (valid && v < nvec) {
+      for (int j = 0; j < CHUNKS; ++j) {
+        int v = j * GROUP + lane;
+        if (valid && v < nvec) {
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          float xf = to_float(xv[j].v[k]);
-          sums.x += xf * xf;
+          for (int k = 0; k < VEC; ++k)
+            Row::template fwd_add<PASS>(sums, to_float(xv[j].v[k]), st);
         }
       }
-    }
-    sums = group_sum<GROUP, BLOCK>(sums, red);
-    const float rstd = rsqrtf(sums.x / n + a.eps);
+      sums = group_sum<GROUP, BLOCK>(sums, red);
+      Row::template fwd_finish<PASS>(sums, n, a.eps, st);
+    };
+    pass(std::integral_constant<int, 0>{});
+    if constexpr (Row::kFwdPasses > 1) pass(std::integral_constant<int, 1>{});
     if (!valid) return;
     OV* yr = reinterpret_cast<OV*>(static_cast<O*>(a.y) + row * n);
 #pragma unroll
@@ -71,11 +98,14 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
       int v = j * GROUP + lane;
       if (v < nvec) {
         float(&wj)[VEC] = w[PERSISTENT ? j : 0];
+        float(&bj)[VEC] = b[PERSISTENT && Row::kBias ? j : 0];
         if constexpr (!PERSISTENT) load_w(a.w, a.w_dtype, v, w_aligned, wj);
+        if constexpr (!PERSISTENT && Row::kBias) load_b(v, bj);
         OV out;
 #pragma unroll
         for (int k = 0; k < VEC; ++k)
-          out.v[k] = from_float<O>(to_float(xv[j].v[k]) * rstd * wj[k]);
+          out.v[k] = from_float<O>(
+              Row::y(to_float(xv[j].v[k]), wj[k], Row::kBias ? bj[k] : 0.f, st));
         yr[v] = out;
       }
     }
@@ -90,6 +120,8 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
     for (int j = 0; j < CHUNKS; ++j) {
       int v = j * GROUP + lane;
       if (v < nvec) load_w(a.w, a.w_dtype, v, w_aligned, w[j]);
+      if constexpr (Row::kBias)
+        if (v < nvec) load_b(v, b[j]);
     }
   }
 

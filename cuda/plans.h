@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstddef>
+#include <iterator>
 
 namespace rmsnorm::plans {
 
@@ -153,6 +154,43 @@ inline constexpr RowPlan kForward[] = {
     {2048, 512, 512, 4, 1, false, 1, kPerStep},    // N <= 16384
     {4096, 1024, 1024, 4, 1, false, 1, kPerStep},  // N <= 32768
 };
+
+// LayerNorm (row_math.cuh LayerRow; planned in layer_norm.cu). The same
+// walks, so the RMSNorm rows are reused where they fit, copied by index so
+// that a retuned RMSNorm row carries over:
+// - Backward: the RMSNorm rows up to N = 5120 bf16 (nvec <= 640). LayerNorm
+//   keeps a second fp32 partial (gb) beside gw for the whole walk, CHUNKS *
+//   VEC more live floats a thread (ptxas, sm_90, bf16: 60 registers at
+//   128 x 1 against RMSNorm's 48, 80 at 256 x 2 as RMSNorm, 86 at 320 x 2
+//   against 76: the same resident blocks but at 128 x 1, 8 a SM instead of 10).
+//   RMSNorm's N <= 8192 row (512 x 2) takes 86 registers for LayerNorm
+//   against 64, which leaves one block of 512 threads a SM: LayerNorm gets
+//   1024 x 1 instead (64 registers, no spills; one block a SM of twice the
+//   threads) with a third stage, so that two steps' rows are in flight while
+//   one is computed on, as two resident blocks of two stages do for
+//   RMSNorm. N <= 16384: 1024 x 2, two stages (128 KiB; ptxas spills 104
+//   bytes a thread for bf16, none for fp32). Not measured before the first
+//   H200 run: docs/layernorm.md has what it gave.
+// - Forward: every RMSNorm row (the row stays in registers; b is read beside
+//   w, after the reduction). Two reductions a row instead of one (mean, then
+//   the centred sum of squares: no cancellation).
+// Rows past a table, and N not a multiple of a 16-byte vector, go to
+// mx.fast.layer_norm (the op decides before building the graph, layer_norm.cpp).
+inline constexpr RowPlan kLayerBackwardSm90[] = {
+    kBackwardSm90[0], kBackwardSm90[1], kBackwardSm90[2], kBackwardSm90[3],
+    kBackwardSm90[4], kBackwardSm90[5], kBackwardSm90[6], kBackwardSm90[7],
+    kBackwardSm90[8],
+    {1024, 1024, 1024, 1, 3, true},  // N <= 8192 bf16
+    {2048, 1024, 1024, 2, 2, true},  // N <= 16384
+};
+inline constexpr RowPlan kLayerBackwardSm80[] = {
+    kBackwardSm80[0], kBackwardSm80[1], kBackwardSm80[2], kBackwardSm80[3],
+    kBackwardSm80[4], kBackwardSm80[5], kBackwardSm80[6], kBackwardSm80[7],
+    kBackwardSm80[8],
+    {1024, 1024, 1024, 1, 3},
+    {2048, 1024, 1024, 2, 2},
+};
+inline constexpr const RowPlan (&kLayerForward)[std::size(kForward)] = kForward;
 
 // Fallbacks (any N, any alignment; VEC = 1 when N or a pointer is not 16-byte
 // friendly).

@@ -39,6 +39,10 @@ struct FwdArgs {
   int n;
   float eps;
   DType x_dtype, w_dtype, y_dtype;
+  // LayerNorm only (row_math.cuh LayerRow): y += b; n, dtype b_dtype, or
+  // nullptr (no bias). Appended so that the RMSNorm kernels keep their layout.
+  const void* b;
+  DType b_dtype;
 };
 
 // gx, gw of y = rmsnorm(x) * w against the incoming gradient g.
@@ -58,6 +62,10 @@ struct BwdArgs {
   float eps;
   DType x_dtype, w_dtype, g_dtype;
   int partial_rows;  // rows of `partials` that the gw column sum adds up
+  // LayerNorm only: gb (n, b_dtype), or nullptr (no bias, or frozen). Its
+  // partials follow gw's in the scratch: partials + partial_rows * n.
+  void* gb;
+  DType b_dtype;
 };
 
 // out = x + g elementwise (dtype t): the copy-bandwidth ceiling of the
@@ -109,6 +117,17 @@ Plan plan_forward(const FwdArgs& a);
 Plan plan_backward(const BwdArgs& a, Algorithm algorithm);
 Plan plan_copy(const CopyArgs& a);  // pointers must be 16-byte aligned
 Plan plan_gather(const GatherArgs& a);
+
+// LayerNorm (layer_norm.cu): the same walks with row_math.cuh's LayerRow and
+// the plans.h kLayer* tables; FwdArgs::b and BwdArgs::gb carry the bias and
+// its gradient. Both planners need 16-byte rows (n a multiple of the vector,
+// 16-byte aligned pointers) and a table row: layer_norm_planned says whether
+// both directions have one for rows of n elements of x_dtype with g (and y)
+// in g_dtype on the current device; the planners throw std::invalid_argument
+// where it says no.
+bool layer_norm_planned(DType x_dtype, DType g_dtype, int n);
+Plan plan_layer_forward(const FwdArgs& a);
+Plan plan_layer_backward(const BwdArgs& a);
 
 // Fill the scratch pointers of `a` from a base pointer of plan.scratch_bytes.
 void bind_scratch(BwdArgs& a, const Plan& plan, void* scratch);

@@ -17,6 +17,10 @@ included, as a bf16 checkpoint loads):
   llama-8b-slice  mlx_lm.models.llama in Llama-3-8B's layer shape: hidden
                   4096, intermediate 14336, 32 heads / 8 kv, 4 of its 32
                   layers, --vocab words, untied head.
+  gpt2-medium     mlx_lm.models.gpt2 in GPT-2 medium's shape (LayerNorm with
+                  weight and bias): hidden 1024, 24 layers, 16 heads, tied
+                  embeddings, positions extended to 4096, --vocab words;
+                  patch() routes mx.fast.layer_norm there.
 Norms: "trained" (every parameter learns) and "frozen" (every nn.RMSNorm
 frozen, so the norms' backward needs gx only, as in LoRA fine-tuning).
 
@@ -47,7 +51,7 @@ from functools import partial
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
-from mlx_lm.models import llama, qwen3
+from mlx_lm.models import gpt2, llama, qwen3
 
 import mlx_rmsnorm
 from mlx_rmsnorm._autopatch import primitive_counts
@@ -61,15 +65,26 @@ MODELS = {
         model_type="llama", hidden_size=4096, num_hidden_layers=4, intermediate_size=14336,
         num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5,
         max_position_embeddings=8192, tie_word_embeddings=False, rope_theta=500000.0)),
+    # LayerNorm (issue 24): GPT-2 medium's shape (hidden 1024, 24 layers, 16
+    # heads, LayerNorm with weight and bias, tied embeddings), positions
+    # extended to --seq.
+    "gpt2-medium": (gpt2, dict(
+        model_type="gpt2", n_ctx=1024, n_embd=1024, n_head=16, n_layer=24,
+        n_positions=4096, layer_norm_epsilon=1e-5)),
 }
 # --quick: the same code paths at sizes a CPU runs in seconds
 QUICK_SHAPES = {
+    "gpt2-medium": dict(n_embd=64, n_layer=2, n_head=4),
     "qwen3-0.6b": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=16),
     "llama-8b-slice": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=160,
                            num_attention_heads=4, num_key_value_heads=2),
 }
 VARIANTS = (("mx.fast", False), ("mlx_rmsnorm", True))
+# Models whose norms are LayerNorm (the rest are RMSNorm), and where their
+# token embedding sits (its update depends on the whole backward).
+LAYER_NORM_MODELS = {"gpt2-medium"}
+EMBEDDING = {"gpt2-medium": ("model", "wte", "weight")}
 
 
 def build_model(name, vocab, quick, frozen):
@@ -79,8 +94,9 @@ def build_model(name, vocab, quick, frozen):
     model = module.Model(module.ModelArgs(**config))
     model.set_dtype(mx.bfloat16)
     if frozen:
+        norm_class = nn.LayerNorm if name in LAYER_NORM_MODELS else nn.RMSNorm
         for _, m in model.named_modules():
-            if isinstance(m, nn.RMSNorm):
+            if isinstance(m, norm_class):
                 m.freeze()
     mx.eval(model.parameters())
     return model, config
@@ -121,16 +137,21 @@ def record_norm_calls(model, x):
     return calls
 
 
-def plugin_nodes(arrays):
+def plugin_nodes(arrays, layer=False):
     """(forward, backward) plugin primitives in the graph that computes `arrays`."""
     counts = primitive_counts(*arrays)
+    if layer:
+        return counts["LayerNormPlugin"], counts["LayerNormPluginVJP"]
     return counts["RMSNormPlugin"], counts["RMSNormPluginVJP"]
 
 
-def check_graph(model, plugin, n_norms):
+def check_graph(model, plugin, n_norms, name=""):
     """After a step call, before its eval: the updated embedding depends on
     the whole backward, so its graph holds every norm's forward and VJP."""
-    fwd, bwd = plugin_nodes([model.parameters()["model"]["embed_tokens"]["weight"]])
+    tree = model.parameters()
+    for key in EMBEDDING.get(name, ("model", "embed_tokens", "weight")):
+        tree = tree[key]
+    fwd, bwd = plugin_nodes([tree], layer=name in LAYER_NORM_MODELS)
     if plugin and (fwd < n_norms or bwd < n_norms):
         raise SystemExit(f"plugin round: {fwd} RMSNormPlugin and {bwd} RMSNormPluginVJP "
                          f"nodes in the step's graph, expected >= {n_norms} each")
@@ -175,6 +196,62 @@ def norm_seconds(calls, frozen, reps):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def record_layer_norm_calls(model, x):
+    """Every mx.fast.layer_norm call of one forward: (x shape, x dtype, w
+    shape, w dtype, bias or not, eps); record_norm_calls for LayerNorm."""
+    calls = []
+    current = mx.fast.layer_norm
+
+    def record(x, w, b, eps, **kwargs):
+        calls.append((tuple(x.shape), x.dtype, tuple(w.shape), w.dtype, b is not None, eps))
+        return current(x, w, b, eps, **kwargs)
+
+    mx.fast.layer_norm = record
+    try:
+        model(x)
+    finally:
+        mx.fast.layer_norm = current
+    return calls
+
+
+def layer_norm_seconds(calls, frozen, reps):
+    """norm_seconds for LayerNorm calls (weight and bias learn unless frozen)."""
+    arrays = []
+    for i, (xs, xt, ws, wt, has_b, eps) in enumerate(calls):
+        x = mx.random.normal(xs, key=mx.random.key(i)).astype(xt)
+        w = (1 + 0.1 * mx.random.normal(ws, key=mx.random.key(10000 + i))).astype(wt)
+        b = (0.1 * mx.random.normal(ws, key=mx.random.key(30000 + i))).astype(wt) if has_b else None
+        g = mx.random.normal(xs, key=mx.random.key(20000 + i)).astype(mx.result_type(x, w))
+        arrays.append((x, w, b, g, eps))
+    mx.eval(arrays)
+    assert not mlx_rmsnorm.is_patched()  # so mx.fast.layer_norm is MLX's own
+    norms = {"mx.fast": mx.fast.layer_norm, "mlx_rmsnorm": mlx_rmsnorm.layer_norm}
+
+    def run(norm):
+        outs = []
+        for x, w, b, g, eps in arrays:
+            if frozen:
+                y, vjps = mx.vjp(lambda x: norm(x, w, b, eps), [x], [g])
+            elif b is None:
+                y, vjps = mx.vjp(lambda x, w: norm(x, w, None, eps), [x, w], [g])
+            else:
+                y, vjps = mx.vjp(lambda x, w, b: norm(x, w, b, eps), [x, w, b], [g])
+            outs += [*y, *vjps]
+        t0 = time.perf_counter()
+        mx.eval(outs)
+        return time.perf_counter() - t0
+
+    times = {name: [] for name in norms}
+    for r in range(reps + 1):
+        for name, norm in norms.items():
+            t = run(norm)
+            if r:
+                times[name].append(t)
+    del arrays
+    mx.clear_cache()
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def spread(values, scale=1.0, fmt="{:.2f}"):
     v = [scale * x for x in values]
     return f"{fmt.format(statistics.median(v))} [{fmt.format(min(v))}-{fmt.format(max(v))}]"
@@ -186,7 +263,8 @@ def bench(name, frozen, args):
     batches = [(t[:, :-1], t[:, 1:]) for t in tokens]
     mx.eval(tokens)
     mlx_rmsnorm.unpatch()
-    calls = record_norm_calls(model, batches[0][0])
+    layer = name in LAYER_NORM_MODELS
+    calls = (record_layer_norm_calls if layer else record_norm_calls)(model, batches[0][0])
     opt = optim.AdamW(learning_rate=1e-5)
     opt.init(model.trainable_parameters())  # the state's tree is fixed before tracing
     steps = {}
@@ -201,7 +279,7 @@ def bench(name, frozen, args):
             for i in range(args.warmup):
                 loss = step(*batches[i % 2])
                 if i == 0:
-                    nodes[variant] = check_graph(model, plugin, len(calls))
+                    nodes[variant] = check_graph(model, plugin, len(calls), name)
                 mx.eval(loss, state)
             times = []
             for i in range(args.steps_per_round):
@@ -216,12 +294,13 @@ def bench(name, frozen, args):
     mlx_rmsnorm.unpatch()
     del steps, step, state, loss, opt, model, batches, tokens  # free before the norm timing
     mx.clear_cache()
-    norm_s = norm_seconds(calls, frozen, args.norm_reps)
+    norm_s = (layer_norm_seconds if layer else norm_seconds)(calls, frozen, args.norm_reps)
     mx.clear_cache()
     mlx_rmsnorm.trim_device_memory()
     ratios = [a / b for a, b in zip(round_ms["mx.fast"], round_ms["mlx_rmsnorm"])]
     tok = args.batch * args.seq
     return dict(model=name, norms="frozen" if frozen else "trained", config=config,
+                norm="LayerNorm" if layer else "RMSNorm",
                 tokens_per_step=tok, norm_calls=len(calls), plugin_nodes=nodes,
                 round_ms=round_ms, speedup=ratios,
                 norm_ms={v: 1e3 * s for v, s in norm_s.items()},
@@ -232,12 +311,12 @@ def bench(name, frozen, args):
 def print_result(res):
     tok = res["tokens_per_step"]
     print(f"\n{res['model']}, norm weights {res['norms']}: {tok} tokens a step, "
-          f"{res['norm_calls']} RMSNorm calls a step; plugin graph nodes (forward, VJP): "
+          f"{res['norm_calls']} {res['norm']} calls a step; plugin graph nodes (forward, VJP): "
           f"{res['plugin_nodes']['mlx_rmsnorm']}; {res['seconds']:.0f} s")
     for v, _ in VARIANTS:
         ms = res["round_ms"][v]
         print(f"  {v:12} {spread(ms):>24} ms/step  {spread([tok / m for m in ms], 1e3, '{:.0f}'):>26} "
-              f"tokens/s  RMSNorm fwd+bwd {res['norm_ms'][v]:6.2f} ms = {res['share'][v]:4.1f}% of the step")
+              f"tokens/s  {res['norm']} fwd+bwd {res['norm_ms'][v]:6.2f} ms = {res['share'][v]:4.1f}% of the step")
     print(f"  speedup built-in / plugin: {spread(res['speedup'])} over {len(res['speedup'])} rounds: "
           + " ".join(f"{x:.3f}" for x in res["speedup"]))
 

@@ -1,5 +1,8 @@
 """Fast, exact and deterministic RMSNorm for MLX.
 
+``layer_norm`` / ``LayerNorm`` do the same for ``mx.fast.layer_norm`` /
+``nn.LayerNorm``, and ``patch()`` routes both.
+
 ``rms_norm`` has the contract of ``mx.fast.rms_norm`` and differentiates
 through our own backward (``rms_norm_vjp``) under ``mx.grad``; ``RMSNorm`` is
 a drop-in for ``mlx.nn.RMSNorm``; ``patch()`` routes ``mx.fast.rms_norm`` --
@@ -20,17 +23,22 @@ from ._ext import (
     device_memory,
     gpu_family,
     has_cuda_kernels,
+    layer_norm,
+    layer_norm_vjp,
     rms_norm,
     rms_norm_vjp,
     trim_device_memory,
 )
 
 __all__ = [
+    "LayerNorm",
     "RMSNorm",
     "device_memory",
     "gpu_family",
     "has_cuda_kernels",
     "is_patched",
+    "layer_norm",
+    "layer_norm_vjp",
     "patch",
     "patched",
     "rms_norm",
@@ -53,6 +61,24 @@ class RMSNorm(nn.RMSNorm):
 
     def __call__(self, x: mx.array) -> mx.array:
         return rms_norm(x, self["weight"], self.eps)
+
+
+class LayerNorm(nn.LayerNorm):
+    r"""Layer normalization through the plugin: an :class:`mlx.nn.LayerNorm`
+    (a subclass: parameters, ``repr`` and checkpoints are the same) whose call
+    runs :func:`layer_norm` whether or not :func:`patch` is on.
+
+    Args:
+        dims (int): The feature dimension to normalize over.
+        eps (float): Added for numerical stability. Default: ``1e-5``.
+        affine (bool): Learn a weight and a bias. Default: ``True``.
+        bias (bool): With ``affine``, learn the bias too. Default: ``True``.
+    """
+
+    def __call__(self, x: mx.array) -> mx.array:
+        weight = self["weight"] if "weight" in self else None
+        bias = self["bias"] if "bias" in self else None
+        return layer_norm(x, weight, bias, self.eps)
 
 
 # The state of patching lives in a module that reload(mlx_rmsnorm) does not

@@ -1,7 +1,8 @@
 """python -m mlx_rmsnorm [--report] (-m MODULE | MODULE | SCRIPT.py) [ARGS...]
 
 Runs a module (``python -m MODULE ARGS``) or a script with
-``mx.fast.rms_norm`` -- and with it every ``nn.RMSNorm`` -- routed through
+``mx.fast.rms_norm`` and ``mx.fast.layer_norm`` -- and with them every
+``nn.RMSNorm`` and ``nn.LayerNorm`` -- routed through
 the plugin, the way ``python -m cProfile`` wraps a program. For mlx-lm's
 command-line tools:
 

@@ -5,8 +5,8 @@ MLX_RMSNORM_PATCH=1   ``patch()`` at ``import mlx_rmsnorm``; the package
                       installs a .pth file that imports it at interpreter
                       start when the variable is set, so any program in the
                       environment (``mlx_lm.lora``, a script) runs patched.
-MLX_RMSNORM_REPORT=1  at exit, print to stderr how many RMSNorm primitives
-                      (ours and the built-in's) the gradient graphs held. On
+MLX_RMSNORM_REPORT=1  at exit, print to stderr how many RMSNorm and LayerNorm
+                      primitives (ours and the built-in's) the gradient graphs held. On
                       the CPU MLX expands the built-in into elementary ops,
                       so there only ours are counted.
 """
@@ -23,11 +23,13 @@ from collections import Counter
 import mlx.core as mx
 
 _PRIMITIVES = ("RMSNormPlugin", "RMSNormPluginVJP", "RMSNorm", "RMSNormVJP")
+# LayerNorm (patch() routes mx.fast.layer_norm too), reported after RMSNorm.
+_LAYER_PRIMITIVES = ("LayerNormPlugin", "LayerNormPluginVJP", "LayerNorm", "LayerNormVJP")
 # Graphs of the first calls only: under mx.compile those are the traces, and
 # exporting a large eager graph at every step would cost a real run time.
 _MAX_GRAPHS = 8
 
-_counts = dict.fromkeys(_PRIMITIVES, 0)
+_counts = dict.fromkeys(_PRIMITIVES + _LAYER_PRIMITIVES, 0)
 _graphs = 0
 _installed = False
 
@@ -79,7 +81,9 @@ def summary() -> str:
     return (
         f"mlx_rmsnorm report: patched={mlx_rmsnorm.is_patched()} gradient_graphs={_graphs} "
         f"RMSNormPlugin={c['RMSNormPlugin']} RMSNormPluginVJP={c['RMSNormPluginVJP']} "
-        f"builtin_RMSNorm={c['RMSNorm']} builtin_RMSNormVJP={c['RMSNormVJP']}"
+        f"builtin_RMSNorm={c['RMSNorm']} builtin_RMSNormVJP={c['RMSNormVJP']} "
+        f"LayerNormPlugin={c['LayerNormPlugin']} LayerNormPluginVJP={c['LayerNormPluginVJP']} "
+        f"builtin_LayerNorm={c['LayerNorm']} builtin_LayerNormVJP={c['LayerNormVJP']}"
     )
 
 

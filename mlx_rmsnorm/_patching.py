@@ -1,5 +1,5 @@
-"""Process-wide routing of ``mx.fast.rms_norm`` through the plugin, and the
-export hooks.
+"""Process-wide routing of ``mx.fast.rms_norm`` and ``mx.fast.layer_norm``
+through the plugin, and the export hooks.
 
 This module's state lives here and not in ``mlx_rmsnorm/__init__.py`` so that
 ``importlib.reload(mlx_rmsnorm)`` (which re-runs only ``__init__``) neither
@@ -49,6 +49,27 @@ def _find_builtin() -> Callable[..., mx.array]:
 
 BUILTIN = _find_builtin()
 
+# LayerNorm: mx.fast.layer_norm is routed beside rms_norm, with the same
+# guarantees (one switch for both, the same blocks, the same export hooks).
+_ATTR_LAYER = "_mlx_rmsnorm_builtin_layer_norm"
+
+
+def _find_builtin_layer_norm() -> Callable[..., mx.array]:
+    kept = getattr(mx.fast, _ATTR_LAYER, None)
+    if kept is not None:
+        return kept
+    current = mx.fast.layer_norm
+    if current is _ext.layer_norm:
+        raise RuntimeError(
+            "[mlx_rmsnorm] mx.fast.layer_norm is already the plugin and MLX's own "
+            "function was not kept; re-import mlx to restore it."
+        )
+    setattr(mx.fast, _ATTR_LAYER, current)
+    return current
+
+
+BUILTIN_LAYER_NORM = _find_builtin_layer_norm()
+
 _lock = threading.RLock()
 _open_blocks = 0  # patched() blocks open now, all threads together
 _state_after_blocks = False  # what the last block to close restores
@@ -57,11 +78,13 @@ _local = threading.local()  # .depth: patched() blocks open in this thread
 
 def _set(on: bool) -> None:
     mx.fast.rms_norm = _ext.rms_norm if on else BUILTIN
+    mx.fast.layer_norm = _ext.layer_norm if on else BUILTIN_LAYER_NORM
 
 
 def is_patched() -> bool:
-    """Whether ``mx.fast.rms_norm`` currently runs the plugin."""
-    return mx.fast.rms_norm is _ext.rms_norm
+    """Whether ``mx.fast.rms_norm`` and ``mx.fast.layer_norm`` currently run
+    the plugin."""
+    return mx.fast.rms_norm is _ext.rms_norm and mx.fast.layer_norm is _ext.layer_norm
 
 
 def _switch(on: bool) -> None:
@@ -73,7 +96,8 @@ def _switch(on: bool) -> None:
 
 
 def patch() -> None:
-    """Route ``mx.fast.rms_norm`` (and so every ``nn.RMSNorm``) through the plugin.
+    """Route ``mx.fast.rms_norm`` and ``mx.fast.layer_norm`` (and so every
+    ``nn.RMSNorm`` and ``nn.LayerNorm``) through the plugin.
 
     Process-wide and idempotent; undone by :func:`unpatch`.
     """
@@ -81,7 +105,8 @@ def patch() -> None:
 
 
 def unpatch() -> None:
-    """Restore MLX's built-in ``mx.fast.rms_norm``. Idempotent."""
+    """Restore MLX's built-in ``mx.fast.rms_norm`` and ``mx.fast.layer_norm``.
+    Idempotent."""
     _switch(False)
 
 

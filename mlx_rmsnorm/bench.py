@@ -18,6 +18,9 @@ Sections (the default run has all four; --training = training,decode;
             forward, backward (gx and gw) and backward with gx only (a frozen
             weight), ours as mx.grad reaches it (mlx_rmsnorm.rms_norm under
             mx.vjp, not rms_norm_vjp directly) vs mx.fast.rms_norm under mx.vjp;
+  ln_training, ln_table (asked for by name; not in the default run)
+            LayerNorm with weight and bias, ours vs mx.fast.layer_norm:
+            {8192, 16384, 32768} x {768..8192}, and the nine shapes.
   decode    the forward at text-generation shapes (1, 8, 64 rows of
             N = 1024-8192, and QK-norm rows of 128 for 8 and 32 heads): tiny
             tensors, where the host's cost of building and launching a call
@@ -52,7 +55,7 @@ import time
 
 import mlx.core as mx
 
-from . import rms_norm, rms_norm_vjp
+from . import layer_norm, rms_norm, rms_norm_vjp
 
 # MLX's own function even while patch() is on (MLX_RMSNORM_PATCH=1 patches at
 # start-up): the built-in column must never time the plugin.
@@ -60,6 +63,7 @@ try:
     from ._patching import BUILTIN as _builtin_rms_norm
 except ImportError:  # the patching state lived in __init__ before
     from . import _builtin_rms_norm
+from ._patching import BUILTIN_LAYER_NORM as _builtin_layer_norm
 
 # The nine shapes of the reference table (H200 numbers for QuACK, the
 # built-in, Liger and torch were measured on these), then the seed's sweep.
@@ -90,6 +94,12 @@ QUICK = {
     "decode": [(1, 1024), (8, 2048), (1, 8, 128)],
 }
 SECTIONS = ["table", "sweep", "training", "decode"]
+# LayerNorm (issue 24): asked for by name (--sections ln_training,ln_table),
+# not part of the default run. See the LayerNorm functions below.
+LN_SECTIONS = ["ln_training", "ln_table"]
+LN_TRAIN_M = [8192, 16384, 32768]
+LN_TRAIN_N = [768, 1024, 1280, 2048, 2560, 4096, 5120, 8192]
+QUICK.update({"ln_training": [(128, 768), (64, 1024)], "ln_table": [(256, 128), (64, 4099)]})
 
 EPS = 1e-5
 L2_BYTES = 64 << 20  # rotate inputs over more than the L2 (50 MiB on H100/H200)
@@ -135,6 +145,8 @@ def _vjp_gx(norm, w):
 def contenders(kind, w):
     """[(direction, impl, fn(x, g))]: one shape's figures. The ceilings come
     first only for readability; every repeat rotates the order anyway."""
+    if kind in LN_SECTIONS:
+        return ln_contenders(w)
     fwd_ceiling = ("fwd", CEILING["fwd"], lambda x, g: -x)
     if kind == "decode":
         return [fwd_ceiling,
@@ -156,6 +168,42 @@ def contenders(kind, w):
             fwd_ceiling,
             ("fwd", "ours", lambda x, g: rms_norm(x, w, EPS)),
             ("fwd", BUILTIN, lambda x, g: _builtin_rms_norm(x, w, EPS))]
+
+
+# ------------------------------------------------------- LayerNorm (issue 24)
+# The same timing and tables as RMSNorm's training section; contenders are
+# mlx_rmsnorm.layer_norm and mx.fast.layer_norm with a weight and a bias, as
+# mx.grad reaches them (mx.vjp of the forward), and the ceilings on the same
+# bytes (bwd: x + g; fwd: -x).
+
+def ln_cases(kind):
+    if kind == "ln_table":
+        return [(kind, s) for s in SHAPES]
+    return [(kind, (m, n)) for n in LN_TRAIN_N for m in LN_TRAIN_M]
+
+
+def ln_contenders(w):
+    b = (0.1 * (w - 1)).astype(w.dtype)  # a bias in w's dtype, as in a checkpoint
+    mx.eval(b)
+
+    def both(norm):
+        def f(x, g):
+            return mx.vjp(lambda x, w, b: norm(x, w, b, EPS), [x, w, b], [g])[1]
+        return f
+
+    def gx_only(norm):
+        def f(x, g):
+            return mx.vjp(lambda x: norm(x, w, b, EPS), [x], [g])[1]
+        return f
+
+    return [("bwd", CEILING["bwd"], lambda x, g: x + g),
+            ("bwd", "ours", both(layer_norm)),
+            ("bwd", BUILTIN, both(_builtin_layer_norm)),
+            ("bwd_gx", "ours", gx_only(layer_norm)),
+            ("bwd_gx", BUILTIN, gx_only(_builtin_layer_norm)),
+            ("fwd", CEILING["fwd"], lambda x, g: -x),
+            ("fwd", "ours", lambda x, g: layer_norm(x, w, b, EPS)),
+            ("fwd", BUILTIN, lambda x, g: _builtin_layer_norm(x, w, b, EPS))]
 
 
 def parse_shapes(text):
@@ -186,6 +234,8 @@ def cases(sections, quick, shapes=None):
         elif kind == "training":
             out += [(kind, (m, n)) for n in TRAIN_N for m in TRAIN_M]
             out += [(kind, (m, n)) for n in QK_N for m in QK_M]
+        elif kind in LN_SECTIONS:
+            out += ln_cases(kind)
         elif kind == "decode":
             out += [(kind, (r, n)) for n in DECODE_N for r in DECODE_ROWS]
             out += [(kind, (r, h, DECODE_HEAD_DIM)) for h in DECODE_HEADS for r in DECODE_ROWS]
@@ -408,7 +458,7 @@ def plot(rows, path, title):
         print("matplotlib not installed: no plot", file=sys.stderr)
         return False
     present = {(r["kind"], r["direction"]) for r in rows}
-    panels = [(k, d) for k in ("training", "decode", "table", "sweep")
+    panels = [(k, d) for k in ("training", "decode", "table", "sweep", *LN_SECTIONS)
               for d in ("fwd", "bwd", "bwd_gx") if (k, d) in present]
     width = max(8.0, 0.28 * max(len({r["shape"] for r in rows if (r["kind"], r["direction"]) == p})
                                 for p in panels))
@@ -462,9 +512,9 @@ def write_outputs(rows, base, meta):
 def parse_sections(args):
     if args.sections:
         sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-        bad = [s for s in sections if s not in SECTIONS]
+        bad = [s for s in sections if s not in SECTIONS + LN_SECTIONS]
         if bad:
-            raise SystemExit(f"unknown section(s) {bad}; choose from {SECTIONS}")
+            raise SystemExit(f"unknown section(s) {bad}; choose from {SECTIONS + LN_SECTIONS}")
         return sections
     if args.training:
         return ["training", "decode"]
@@ -478,7 +528,8 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="a few small shapes per section (CI, CPU)")
     p.add_argument("--training", action="store_true", help="only the training and decode shapes")
     p.add_argument("--no-sweep", action="store_true", help="only the nine table shapes")
-    p.add_argument("--sections", default="", help=f"comma list from {','.join(SECTIONS)}")
+    p.add_argument("--sections", default="",
+                   help=f"comma list from {','.join(SECTIONS + LN_SECTIONS)}")
     p.add_argument("--shapes", default="", help="comma list of MxN (e.g. 8192x4096,32768x5120): "
                    "these shapes instead of each section's own")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -516,14 +567,15 @@ def main(argv=None):
     write_outputs(rows, base, dict(device=str(device), dtype=args.dtype, sections=sections,
                                    calls=args.calls, repeats=args.repeats, quick=args.quick,
                                    seconds=elapsed))
-    if plot(rows, base + ".png", f"RMSNorm {args.dtype} on {device}: median and min-max of "
+    what = "LayerNorm" if set(sections) <= set(LN_SECTIONS) else "RMSNorm"
+    if plot(rows, base + ".png", f"{what} {args.dtype} on {device}: median and min-max of "
                                  f"{args.repeats} interleaved repeats"):
         print(f"plot: {base}.png")
     if "sweep" in sections:
         print(f"\nsweep: us per call, {args.calls} calls per eval, median [min-max] of "
               f"{args.repeats} interleaved repeats")
         print_impl_table(rows, "sweep")
-    for kind in ("training", "decode"):
+    for kind in ("training", "decode", *LN_SECTIONS):
         for direction in ("fwd", "bwd", "bwd_gx"):
             print_direction_table(rows, kind, direction)
     if "table" in sections:

@@ -3,6 +3,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
@@ -12,6 +13,8 @@
 
 #include "rmsnorm.h"  // cuda/: device_family
 #endif
+#include "layer_norm.h"
+#include "layer_norm_vjp.h"
 #include "rms_norm.h"
 #include "rms_norm_vjp.h"
 
@@ -99,6 +102,60 @@ NB_MODULE(_ext, m) {
             tuple(array, array or None): ``(gx, gw)``; ``gw`` is ``None``
             without a weight or with ``need_gw=False``.
         )");
+
+  m.def("layer_norm", &mlx_rmsnorm::layer_norm, "x"_a, "weight"_a.none(), "bias"_a.none(),
+        "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
+        R"(Layer normalization, with the contract of ``mx.fast.layer_norm``.
+
+        Normalizes ``x`` over its last axis, then scales by ``weight`` and
+        shifts by ``bias``: ``y = (x - mean) * rsqrt(var + eps) * weight + bias``.
+
+        Args:
+            x (array): Input array with at least one dimension.
+            weight (array, optional): 1-D array of size ``x.shape[-1]``, or
+              ``None`` for no scaling.
+            bias (array, optional): 1-D array of size ``x.shape[-1]``, or
+              ``None`` for no shift.
+            eps (float): Added to the variance for numerical stability.
+            stream (Stream, optional): Stream or device.
+
+        Returns:
+            array: ``y`` with the shape of ``x``; dtype
+            ``result_type(x, weight, bias)`` with a weight, ``x.dtype``
+            without one (the built-in's rule).
+        )");
+
+  m.def(
+      "layer_norm_vjp",
+      [](const mx::array& x, const std::optional<mx::array>& weight,
+         const std::optional<mx::array>& bias, const mx::array& g, float eps,
+         bool need_gw, bool need_gb, mx::StreamOrDevice s) {
+        auto out = mlx_rmsnorm::layer_norm_vjp(x, weight, bias, g, eps, need_gw, need_gb, s);
+        return std::make_tuple(*out[0], out[1], out[2]);
+      },
+      "x"_a, "weight"_a.none(), "bias"_a.none(), "g"_a, "eps"_a, nb::kw_only(),
+      "need_gw"_a = true, "need_gb"_a = true, "stream"_a = nb::none(),
+      R"(Backward of :func:`layer_norm`.
+
+        Returns:
+            tuple(array, array or None, array or None): ``(gx, gw, gb)``;
+            ``gw`` is ``None`` without a weight or with ``need_gw=False``,
+            ``gb`` likewise for the bias.
+        )");
+
+  // Tests only: the GPU path of layer_norm for rows that are not a whole
+  // number of 16-byte vectors, on any stream.
+  m.def(
+      "_layer_norm_builtin_forward_reference_backward",
+      [](const mx::array& x, const std::optional<mx::array>& weight,
+         const std::optional<mx::array>& bias, float eps) {
+        std::vector<mx::array> in = {x};
+        if (weight) in.push_back(*weight);
+        if (bias) in.push_back(*bias);
+        return mlx_rmsnorm::detail::builtin_forward_reference_backward(
+            in, weight.has_value(), bias.has_value(), eps, mx::default_stream(mx::default_device()));
+      },
+      "x"_a, "weight"_a.none(), "bias"_a.none(), "eps"_a);
 
   // Used by mlx_rmsnorm/_patching.py around functions that mx.export_function
   // and mx.exporter trace (MLX does not expose its own flag).

@@ -5,114 +5,14 @@
 #include <cstring>
 #include <vector>
 
-#include "mlx/allocator.h"
+#include "cpu_util.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "rms_norm.h"
 #include "rms_norm_vjp.h"
 
 namespace mlx_rmsnorm {
 
-namespace {
-
-// Reads rows of an array into fp32, whatever its layout: row-contiguous
-// arrays (the common case) row by row from one offset; transposed, sliced or
-// broadcast ones (the op passes inputs as they come, with no Contiguous node)
-// through their strides.
-struct Rows {
-  mx::Dtype dtype;
-  const char* base;
-  bool contiguous;
-  int64_t inner;                 // stride of the last axis, in elements
-  std::vector<int> lead_shape;   // the axes before the last
-  std::vector<int64_t> lead_strides;
-
-  static Rows of(const mx::array& a) {
-    Rows r{a.dtype(), static_cast<const char*>(a.data<void>()),
-           a.flags().row_contiguous, 1, {}, {}};
-    if (!r.contiguous && a.ndim() > 0) {
-      r.inner = a.strides().back();
-      r.lead_shape.assign(a.shape().begin(), a.shape().end() - 1);
-      r.lead_strides.assign(a.strides().begin(), a.strides().end() - 1);
-    }
-    return r;
-  }
-
-  int64_t row_offset(int64_t row, int n) const {
-    if (contiguous) return row * n;
-    int64_t off = 0;
-    for (int k = static_cast<int>(lead_shape.size()) - 1; k >= 0; --k) {
-      off += (row % lead_shape[k]) * lead_strides[k];
-      row /= lead_shape[k];
-    }
-    return off;
-  }
-
-  void load(int64_t row, int n, float* dst) const {
-    int64_t start = row_offset(row, n);
-    int64_t step = contiguous ? 1 : inner;
-    switch (dtype) {
-      case mx::float32:
-        copy(reinterpret_cast<const float*>(base), start, step, n, dst);
-        break;
-      case mx::float16:
-        copy(reinterpret_cast<const mx::float16_t*>(base), start, step, n, dst);
-        break;
-      case mx::bfloat16:
-        copy(reinterpret_cast<const mx::bfloat16_t*>(base), start, step, n, dst);
-        break;
-      default:
-        throw std::runtime_error("[mlx_rmsnorm] unsupported dtype");
-    }
-  }
-
-  template <typename T>
-  static void copy(const T* p, int64_t start, int64_t step, int n, float* dst) {
-    for (int i = 0; i < n; ++i) dst[i] = static_cast<float>(p[start + i * step]);
-  }
-};
-
-void store(mx::array& out, int64_t start, const float* src, int n) {
-  char* base = static_cast<char*>(out.data<void>());
-  for (int i = 0; i < n; ++i) {
-    switch (out.dtype()) {
-      case mx::float32:
-        reinterpret_cast<float*>(base)[start + i] = src[i];
-        break;
-      case mx::float16:
-        reinterpret_cast<mx::float16_t*>(base)[start + i] = mx::float16_t(src[i]);
-        break;
-      case mx::bfloat16:
-        reinterpret_cast<mx::bfloat16_t*>(base)[start + i] = mx::bfloat16_t(src[i]);
-        break;
-      default:
-        throw std::runtime_error("[mlx_rmsnorm] unsupported dtype");
-    }
-  }
-}
-
-// fp32 sums in blocks: each block of kBlock terms is added up on its own and
-// the block sums then, so rounding grows with kBlock + n / kBlock rather than
-// with n (rows of 10^5 elements, gw over 10^5 rows), as the GPU's per-thread
-// partials and tree reductions do.
-constexpr int kBlock = 256;
-
-template <typename Term>
-float blocked_sum(int n, Term term) {
-  float total = 0.f;
-  for (int start = 0; start < n; start += kBlock) {
-    float part = 0.f;
-    for (int i = start, end = std::min(n, start + kBlock); i < end; ++i)
-      part += term(i);
-    total += part;
-  }
-  return total;
-}
-
-void allocate(mx::array& out) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-}
-
-}  // namespace
+using namespace cpu;
 
 void RMSNorm::eval_cpu(const std::vector<mx::array>& inputs,
                        std::vector<mx::array>& outputs) {

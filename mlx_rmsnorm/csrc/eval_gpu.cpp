@@ -5,15 +5,12 @@
 
 #ifdef MLX_RMSNORM_CUDA
 
-#include <cuda.h>
-
 #include "device_memory.h"
-#include "mlx/backend/cuda/device.h"
-#include "rmsnorm.h"  // cuda/: the kernels' launch interface
+#include "gpu_util.h"
 
 namespace mlx_rmsnorm {
 
-namespace {
+namespace gpu {
 
 rmsnorm::DType kernel_dtype(mx::Dtype t) {
   switch (t) {
@@ -28,16 +25,11 @@ rmsnorm::DType kernel_dtype(mx::Dtype t) {
   }
 }
 
-// Device addresses. Not array::data(), which would make the buffer host
-// accessible now, at record time, while the nodes producing it have not run.
 const void* ptr(const mx::array& a) { return mx::gpu_ptr<void>(a); }
 void* ptr(mx::array& a) { return mx::gpu_ptr<void>(a); }
 
-// Output memory: reuse a donatable input of the same size and dtype (every
-// kernel of ours reads a row element before it writes it), else allocate
-// (device_memory.h says from where).
 void allocate(mx::array& out, const mx::Stream& s,
-              std::initializer_list<const mx::array*> donors = {}) {
+              std::initializer_list<const mx::array*> donors) {
   for (const mx::array* d : donors) {
     if (d && d->is_donatable() && d->dtype() == out.dtype() &&
         d->flags().row_contiguous && d->size() == out.size()) {
@@ -48,7 +40,6 @@ void allocate(mx::array& out, const mx::Stream& s,
   allocate_device(out, s.device.index);
 }
 
-// A buffer of ours that lives until the graph has run.
 mx::array temporary(const mx::Shape& shape, mx::Dtype dtype, const mx::Stream& s,
                     mx::cu::CommandEncoder& enc) {
   mx::array a(shape, dtype, nullptr, {});
@@ -57,20 +48,16 @@ mx::array temporary(const mx::Shape& shape, mx::Dtype dtype, const mx::Stream& s
   return a;
 }
 
-// Records one kernel as a graph node, launched by its driver handle (MLX's
-// runtime cannot launch a kernel registered in ours). The node copies the
-// Args struct, which every kernel takes by value.
-template <typename Args>
-void record(mx::cu::CommandEncoder& enc, const rmsnorm::KernelCall& c, Args args) {
-  enc.add_kernel_node_ex(reinterpret_cast<CUfunction>(c.fn), c.grid, c.block,
-                         dim3(), c.smem, args);
-}
+// Our kernels run through our own copy of the CUDA runtime: see
+// rmsnorm::use_device (no runtime call while the device stays the same).
+void use_device(const mx::Stream& s) { rmsnorm::use_device(s.device.index); }
 
-// `in` as row-contiguous memory: itself, or (a view: transposed, sliced,
-// broadcast) a copy gathered on the GPU into `copy`.
 const mx::array& rows_of(const mx::array& in, std::optional<mx::array>& copy,
-                         const mx::Stream& s, mx::cu::CommandEncoder& enc) {
-  if (in.flags().row_contiguous) return in;
+                         const mx::Stream& s, mx::cu::CommandEncoder& enc,
+                         bool aligned16) {
+  if (in.flags().row_contiguous &&
+      (!aligned16 || reinterpret_cast<uintptr_t>(ptr(in)) % 16 == 0))
+    return in;
   copy = temporary(in.shape(), in.dtype(), s, enc);
   rmsnorm::GatherArgs a{};
   a.src = ptr(in);
@@ -91,13 +78,15 @@ const mx::array& rows_of(const mx::array& in, std::optional<mx::array>& copy,
   return *copy;
 }
 
-}  // namespace
+}  // namespace gpu
+
+using namespace gpu;
 
 void RMSNorm::eval_gpu(const std::vector<mx::array>& inputs,
                        std::vector<mx::array>& outputs) {
   mx::array& y = outputs[0];
   auto& enc = mx::cu::get_command_encoder(stream());
-  rmsnorm::use_device(stream().device.index);
+  use_device(stream());
   std::optional<mx::array> x_copy, w_copy;
   const mx::array& x = rows_of(inputs[0], x_copy, stream(), enc);
   const mx::array* w = has_weight_ ? &rows_of(inputs[1], w_copy, stream(), enc) : nullptr;
@@ -125,7 +114,7 @@ void RMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
                           std::vector<mx::array>& outputs) {
   // outputs: gx, and gw only when the weight's gradient is wanted.
   auto& enc = mx::cu::get_command_encoder(stream());
-  rmsnorm::use_device(stream().device.index);
+  use_device(stream());
   std::optional<mx::array> x_copy, w_copy, g_copy;
   const mx::array& x = rows_of(inputs[0], x_copy, stream(), enc);
   const mx::array* w = has_weight_ ? &rows_of(inputs[1], w_copy, stream(), enc) : nullptr;

@@ -1,0 +1,59 @@
+// Helpers of the primitives' GPU evaluation (eval_gpu.cpp defines them),
+// shared by every op's eval_gpu: dtypes, device addresses, output and scratch
+// memory, recording a kernel into MLX's graph, gathering strided inputs.
+// CUDA flavor of MLX only (MLX_RMSNORM_CUDA).
+#pragma once
+
+#include <cuda.h>
+
+#include <initializer_list>
+#include <optional>
+
+#include "mlx/array.h"
+#include "mlx/backend/cuda/device.h"
+#include "mlx/stream.h"
+#include "rmsnorm.h"  // cuda/: the kernels' launch interface
+
+namespace mlx_rmsnorm::gpu {
+
+namespace mx = mlx::core;
+
+rmsnorm::DType kernel_dtype(mx::Dtype t);
+
+// Device addresses. Not array::data(), which would make the buffer host
+// accessible now, at record time, while the nodes producing it have not run.
+const void* ptr(const mx::array& a);
+void* ptr(mx::array& a);
+
+// Output memory: reuse a donatable input of the same size and dtype (every
+// kernel of ours reads a row element before it writes it), else allocate
+// (device_memory.h says from where).
+void allocate(mx::array& out, const mx::Stream& s,
+              std::initializer_list<const mx::array*> donors = {});
+
+// A buffer of ours that lives until the graph has run.
+mx::array temporary(const mx::Shape& shape, mx::Dtype dtype, const mx::Stream& s,
+                    mx::cu::CommandEncoder& enc);
+
+// Records one kernel as a graph node, launched by its driver handle (MLX's
+// runtime cannot launch a kernel registered in ours). The node copies the
+// Args struct, which every kernel takes by value.
+template <typename Args>
+void record(mx::cu::CommandEncoder& enc, const rmsnorm::KernelCall& c, Args args) {
+  enc.add_kernel_node_ex(reinterpret_cast<CUfunction>(c.fn), c.grid, c.block,
+                         dim3(), c.smem, args);
+}
+
+// Our kernels run through our own copy of the CUDA runtime, whose current
+// device is separate from MLX's: point it at the stream's device.
+void use_device(const mx::Stream& s);
+
+// `in` as row-contiguous memory: itself, or (a view: transposed, sliced,
+// broadcast) a copy gathered on the GPU into `copy`. With `aligned16`, also a
+// copy when the data does not start on a 16-byte boundary (kernels that read
+// 16-byte vectors only).
+const mx::array& rows_of(const mx::array& in, std::optional<mx::array>& copy,
+                         const mx::Stream& s, mx::cu::CommandEncoder& enc,
+                         bool aligned16 = false);
+
+}  // namespace mlx_rmsnorm::gpu

@@ -1,0 +1,131 @@
+// GPU evaluation of the LayerNorm primitives: records cuda/layer_norm.cu's
+// plans into MLX's CUDA graph with eval_gpu.cpp's helpers (gpu_util.h).
+#include "layer_norm.h"
+#include "layer_norm_vjp.h"
+
+#ifdef MLX_RMSNORM_CUDA
+
+#include "gpu_util.h"
+
+namespace mlx_rmsnorm {
+
+using namespace gpu;
+
+void LayerNorm::eval_gpu(const std::vector<mx::array>& inputs,
+                         std::vector<mx::array>& outputs) {
+  mx::array& y = outputs[0];
+  auto& enc = mx::cu::get_command_encoder(stream());
+  use_device(stream());
+  // The kernels read x in 16-byte vectors only (the op sent other rows to
+  // the built-in): an x whose data starts off that boundary is copied.
+  std::optional<mx::array> x_copy, w_copy, b_copy;
+  const mx::array& x = rows_of(inputs[0], x_copy, stream(), enc, /*aligned16=*/true);
+  const mx::array* w = has_weight_ ? &rows_of(inputs[1], w_copy, stream(), enc) : nullptr;
+  const mx::array* b =
+      has_bias_ ? &rows_of(inputs[has_weight_ ? 2 : 1], b_copy, stream(), enc) : nullptr;
+  allocate(y, stream(), {&x});
+
+  rmsnorm::FwdArgs a{};
+  a.x = ptr(x);
+  a.w = w ? ptr(*w) : nullptr;
+  a.b = b ? ptr(*b) : nullptr;
+  a.y = ptr(y);
+  a.n = x.shape(-1);
+  a.rows = a.n == 0 ? 0 : static_cast<int64_t>(x.size() / a.n);
+  a.eps = eps_;
+  a.x_dtype = kernel_dtype(x.dtype());
+  a.w_dtype = w ? kernel_dtype(w->dtype()) : rmsnorm::DType::None;
+  a.b_dtype = b ? kernel_dtype(b->dtype()) : rmsnorm::DType::None;
+  a.y_dtype = kernel_dtype(y.dtype());
+
+  rmsnorm::Plan plan = rmsnorm::plan_layer_forward(a);
+  enc.set_input_array(x);
+  if (w) enc.set_input_array(*w);
+  if (b) enc.set_input_array(*b);
+  enc.set_output_array(y);
+  for (const auto& c : plan.calls) record(enc, c, a);
+}
+
+void LayerNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
+                            std::vector<mx::array>& outputs) {
+  // inputs (x, [w], [b], g); outputs gx, [gw], [gb].
+  auto& enc = mx::cu::get_command_encoder(stream());
+  use_device(stream());
+  std::optional<mx::array> x_copy, w_copy, g_copy;
+  const mx::array& x = rows_of(inputs[0], x_copy, stream(), enc, /*aligned16=*/true);
+  const mx::array* w = has_weight_ ? &rows_of(inputs[1], w_copy, stream(), enc) : nullptr;
+  const mx::array& g = rows_of(inputs.back(), g_copy, stream(), enc, /*aligned16=*/true);
+  mx::array& gx = outputs[0];
+  mx::array* gw = has_gw() ? &outputs[1] : nullptr;
+  mx::array* gb = need_gb_ ? &outputs.back() : nullptr;
+  allocate(gx, stream(), {&x, &g});
+  if (gw) allocate(*gw, stream());
+  if (gb) allocate(*gb, stream());
+
+  rmsnorm::BwdArgs a{};
+  a.x = ptr(x);
+  a.w = w ? ptr(*w) : nullptr;
+  a.g = ptr(g);
+  a.gx = ptr(gx);
+  a.gw = gw ? ptr(*gw) : nullptr;
+  a.gb = gb ? ptr(*gb) : nullptr;
+  a.n = x.shape(-1);
+  a.rows = a.n == 0 ? 0 : static_cast<int64_t>(x.size() / a.n);
+  a.eps = eps_;
+  a.x_dtype = kernel_dtype(x.dtype());
+  a.w_dtype = w ? kernel_dtype(w->dtype()) : rmsnorm::DType::None;
+  a.b_dtype = gb ? kernel_dtype(gb->dtype()) : rmsnorm::DType::None;
+  a.g_dtype = kernel_dtype(g.dtype());
+
+  auto plan = rmsnorm::plan_layer_backward(a);
+  std::optional<mx::array> tmp;
+  if (plan.scratch_bytes > 0) {
+    tmp = temporary({static_cast<int>((plan.scratch_bytes + 3) / 4)}, mx::float32,
+                    stream(), enc);
+    rmsnorm::bind_scratch(a, plan, ptr(*tmp));
+  }
+  // Declared as in RMSNormVJP::eval_gpu (eval_gpu.cpp says why): inputs once
+  // before the first node, gx up to the node that writes it, the scratch and
+  // gw/gb on every node of the chain.
+  for (std::size_t i = 0; i < plan.calls.size(); ++i) {
+    if (i == 0) {
+      enc.set_input_array(x);
+      if (w) enc.set_input_array(*w);
+      enc.set_input_array(g);
+    }
+    if (tmp) {
+      enc.set_input_array(*tmp);
+      enc.set_output_array(*tmp);
+    }
+    if (i <= static_cast<std::size_t>(plan.gx_call)) enc.set_output_array(gx);
+    if (gw) enc.set_output_array(*gw);
+    if (gb) enc.set_output_array(*gb);
+    record(enc, plan.calls[i], a);
+  }
+}
+
+}  // namespace mlx_rmsnorm
+
+#else  // CPU flavor of MLX
+
+#include <stdexcept>
+
+namespace mlx_rmsnorm {
+
+[[noreturn]] static void no_gpu() {
+  throw std::runtime_error(
+      "[mlx_rmsnorm] this build has no GPU kernels: it was built against the "
+      "CPU flavor of MLX. Install MLX with CUDA (pip install 'mlx[cuda13]') "
+      "and rebuild mlx-rmsnorm, or run on the CPU stream.");
+}
+
+void LayerNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  no_gpu();
+}
+void LayerNormVJP::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  no_gpu();
+}
+
+}  // namespace mlx_rmsnorm
+
+#endif
