@@ -17,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ._ext import (
+    add_rms_norm,
     device_memory,
     gpu_family,
     has_cuda_kernels,
@@ -27,6 +28,7 @@ from ._ext import (
 
 __all__ = [
     "RMSNorm",
+    "add_rms_norm",
     "device_memory",
     "gpu_family",
     "has_cuda_kernels",

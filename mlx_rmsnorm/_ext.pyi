@@ -9,8 +9,18 @@ def rms_norm(
     weight: Optional[mx.array],
     eps: float,
     *,
+    offset: float = 0.0,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> mx.array: ...
+def add_rms_norm(
+    x: mx.array,
+    residual: mx.array,
+    weight: Optional[mx.array],
+    eps: float,
+    *,
+    offset: float = 0.0,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> Tuple[mx.array, mx.array]: ...
 def rms_norm_vjp(
     x: mx.array,
     weight: Optional[mx.array],

@@ -12,6 +12,7 @@
 
 #include "rmsnorm.h"  // cuda/: device_family
 #endif
+#include "add_rms_norm.h"
 #include "rms_norm.h"
 #include "rms_norm_vjp.h"
 
@@ -49,8 +50,14 @@ NB_MODULE(_ext, m) {
         ``RuntimeError`` naming the GPU and the rebuild command when this
         build has no code for it.)");
 
-  m.def("rms_norm", &mlx_rmsnorm::rms_norm, "x"_a, "weight"_a.none(), "eps"_a,
-        nb::kw_only(), "stream"_a = nb::none(),
+  m.def(
+      "rms_norm",
+      [](const mx::array& x, const std::optional<mx::array>& weight, float eps,
+         float offset, mx::StreamOrDevice s) {
+        return mlx_rmsnorm::rms_norm(x, weight, eps, s, offset);
+      },
+      "x"_a, "weight"_a.none(), "eps"_a, nb::kw_only(), "offset"_a = 0.f,
+      "stream"_a = nb::none(),
         R"(Root Mean Square normalization (RMS norm).
 
         Normalizes ``x`` over its last axis and scales by ``weight``:
@@ -61,11 +68,46 @@ NB_MODULE(_ext, m) {
             weight (array, optional): 1-D array of size ``x.shape[-1]``, or
               ``None`` for no scaling.
             eps (float): Added to the mean square for numerical stability.
+            offset (float): Scale by ``offset + weight`` instead, formed in
+              fp32 (Gemma's ``1 + w`` without rounding it to the weight's
+              dtype first). Needs a weight. Default: ``0``.
             stream (Stream, optional): Stream or device.
 
         Returns:
             array: ``y`` with the shape of ``x`` and dtype
             ``result_type(x, weight)``.
+        )");
+
+  m.def(
+      "add_rms_norm",
+      [](const mx::array& x, const mx::array& residual,
+         const std::optional<mx::array>& weight, float eps, float offset,
+         mx::StreamOrDevice s) {
+        auto out = mlx_rmsnorm::add_rms_norm(x, residual, weight, eps, offset, s);
+        return std::make_pair(out[0], out[1]);
+      },
+      "x"_a, "residual"_a, "weight"_a.none(), "eps"_a, nb::kw_only(),
+      "offset"_a = 0.f, "stream"_a = nb::none(),
+      R"(Fused residual add and RMS norm: ``h = x + residual``,
+        ``y = rms_norm(h, weight, eps, offset=offset)``, in one pass.
+
+        The pre-norm transformer's ``h = x + r; y = norm(h)``: the norm reads
+        ``h`` as stored (rounded to its dtype), as the unfused composition
+        does. Differentiable (both outputs' cotangents; ``x`` and ``residual``
+        get the same gradient) through one backward pass.
+
+        Args:
+            x (array): Input with at least one dimension.
+            residual (array): Same shape as ``x``.
+            weight (array, optional): 1-D of size ``x.shape[-1]``, or ``None``.
+            eps (float): Added to the mean square for numerical stability.
+            offset (float): Scale by ``offset + weight`` formed in fp32
+              (Gemma: ``1.0``). Needs a weight. Default: ``0``.
+            stream (Stream, optional): Stream or device.
+
+        Returns:
+            tuple(array, array): ``(y, h)``; ``h`` has dtype
+            ``result_type(x, residual)``, ``y`` ``result_type(h, weight)``.
         )");
 
   m.def(
