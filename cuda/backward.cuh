@@ -32,8 +32,14 @@ namespace rmsnorm {
 // contiguous ranges) to the bulk copy engine, which frees the other threads'
 // issue slots; a stage is refilled only after the block barrier that follows
 // the last read of it, and completion is signalled on one mbarrier per stage.
+//
+// ADD (add_rms_norm's backward; an extension of this walk, marked "ADD"
+// below, until the walk takes a row-math policy): x is the forward's h, and
+// the cotangent of h, gh (X), is a third streamed operand, staged after g,
+// added into gx in fp32 before the one rounding. Nothing else changes: the
+// row sums, w and the gw partials are the norm's.
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK, int CLUSTER>
+          bool BULK, int CLUSTER, bool ADD = false>
 __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ROWS = BLOCK / GROUP;
@@ -53,18 +59,25 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   const int v0 = rank * per_rank;
   const int nvec = max(0, min(n / VEC - v0, per_rank));
 
-  // Stage s: ROWS rows of x (nvec vectors each), then ROWS rows of g.
+  // Stage s: ROWS rows of x (nvec vectors each), then ROWS rows of g, then
+  // (ADD) ROWS rows of gh.
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float2 red[32];
   __shared__ unsigned long long landed[STAGES];  // kBulk: one mbarrier a stage
   __shared__ float2 slice_sums[2];  // CLUSTER: this block's sums, by step parity
-  const size_t stage_bytes = (size_t)ROWS * nvec * (sizeof(XV) + sizeof(GV));
+  const size_t stage_bytes =
+      (size_t)ROWS * nvec * (sizeof(XV) + sizeof(GV) + (ADD ? sizeof(XV) : 0));
   auto stage_x = [&](int s, int row) {
     return reinterpret_cast<XV*>(smem + s * stage_bytes) + (size_t)row * nvec;
   };
   auto stage_g = [&](int s, int row) {
     return reinterpret_cast<GV*>(smem + s * stage_bytes +
                                  (size_t)ROWS * nvec * sizeof(XV)) +
+           (size_t)row * nvec;
+  };
+  auto stage_gh = [&](int s, int row) {  // ADD
+    return reinterpret_cast<XV*>(smem + s * stage_bytes +
+                                 (size_t)ROWS * nvec * (sizeof(XV) + sizeof(GV))) +
            (size_t)row * nvec;
   };
 
@@ -77,6 +90,7 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   const X* x = static_cast<const X*>(a.x) + (size_t)v0 * VEC;
   const G* g = static_cast<const G*>(a.g) + (size_t)v0 * VEC;
   X* gx = static_cast<X*>(a.gx) + (size_t)v0 * VEC;
+  const X* gh = ADD ? static_cast<const X*>(a.gh) + (size_t)v0 * VEC : nullptr;
 
   // Starts the copies of step `step` into its stage (step < steps).
   auto prefetch = [&](int64_t step) {
@@ -88,20 +102,23 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
       const int64_t count = min((int64_t)ROWS, a.rows - first);
       const unsigned bytes_x = count * nvec * sizeof(XV);
       const unsigned bytes_g = count * nvec * sizeof(GV);
-      bulk_expect(&landed[s], bytes_x + bytes_g);
+      bulk_expect(&landed[s], bytes_x + bytes_g + (ADD ? bytes_x : 0));
       bulk_copy(stage_x(s, 0), x + first * n, bytes_x, &landed[s]);
       bulk_copy(stage_g(s, 0), g + first * n, bytes_g, &landed[s]);
+      if constexpr (ADD) bulk_copy(stage_gh(s, 0), gh + first * n, bytes_x, &landed[s]);
     } else {
       const int64_t row = first + r;
       if (row >= a.rows) return;
       const XV* xr = reinterpret_cast<const XV*>(x + row * n);
       const GV* gr = reinterpret_cast<const GV*>(g + row * n);
+      const XV* ghr = reinterpret_cast<const XV*>(gh + row * n);  // ADD
 #pragma unroll
       for (int j = 0; j < CHUNKS; ++j) {
         int v = j * GROUP + lane;
         if (v < nvec) {
           copy_async(&stage_x(s, r)[v], &xr[v]);
           copy_async(&stage_g(s, r)[v], &gr[v]);
+          if constexpr (ADD) copy_async(&stage_gh(s, r)[v], &ghr[v]);
         }
       }
     }
@@ -130,6 +147,7 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
     int v = j * GROUP + lane;
     if (v < nvec) {
       load_w(a.w, a.w_dtype, v0 + v, aligned16(a.w), w[j]);
+      add_offset(w[j], a.offset);
     } else {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) w[j][k] = 0.f;
@@ -186,12 +204,16 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
         if (v < nvec) {
           XV xv = sx[v];
           GV gv = sg[v];
+          XV hv;  // ADD: gh
+          if constexpr (ADD) hv = stage_gh(s, r)[v];
           XV out;
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
             float xf = to_float(xv.v[k]);
             float gf = to_float(gv.v[k]);
-            out.v[k] = from_float<X>(rstd * w[j][k] * gf - xf * c);
+            float o = rstd * w[j][k] * gf - xf * c;
+            if constexpr (ADD) o += to_float(hv.v[k]);
+            out.v[k] = from_float<X>(o);
             acc[j][k] += gf * xf * rstd;
           }
           gxr[v] = out;
@@ -249,9 +271,9 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
 // launched by the standalone tuner only; plans.h says why MLX does not get
 // it yet.
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK>
+          bool BULK, bool ADD = false>
 __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
-  persistent_walk<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1>(a);
+  persistent_walk<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1, ADD>(a);
 }
 
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
@@ -263,14 +285,15 @@ __global__ void RMSNORM_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK)
 
 // The host stub of the persistent kernel for one launch plan.
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK, int CLUSTER>
+          bool BULK, int CLUSTER, bool ADD = false>
 const void* persistent_kernel_for() {
   if constexpr (CLUSTER > 1) {
+    static_assert(!ADD, "the fused add has no cluster kernel");
     return reinterpret_cast<const void*>(
         &bwd_persistent_cluster<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER>);
   } else {
     return reinterpret_cast<const void*>(
-        &bwd_persistent<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK>);
+        &bwd_persistent<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, ADD>);
   }
 }
 
@@ -290,6 +313,7 @@ __device__ __forceinline__ float2 row_sums(const BwdArgs& a, int64_t row,
     GV gv = gr[v];
     float wv[VEC];
     load_w(a.w, a.w_dtype, v, w_aligned, wv);
+    add_offset(wv, a.offset);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       float xf = to_float(xv.v[k]);
@@ -331,18 +355,25 @@ __global__ void __launch_bounds__(256) bwd_split_cols(const BwdArgs a) {
   const int64_t end = min(a.rows, begin + per_split);
 
   float w[VEC] = {}, acc[VEC] = {};
+  // gh (add_rms_norm's backward): the cotangent of h, added into gx.
+  const X* gh = static_cast<const X*>(a.gh);
   if (v < nvec) {
     load_w(a.w, a.w_dtype, v, aligned16(a.w), w);
+    add_offset(w, a.offset);
     for (int64_t row = begin + threadIdx.y; row < end; row += 8) {
       XV xv = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n)[v];
       GV gv = reinterpret_cast<const GV*>(static_cast<const G*>(a.g) + row * n)[v];
       float rstd = a.row_stats[2 * row], c = a.row_stats[2 * row + 1];
+      XV hv{};
+      if (gh != nullptr) hv = reinterpret_cast<const XV*>(gh + row * n)[v];
       XV out;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         float xf = to_float(xv.v[k]);
         float gf = to_float(gv.v[k]);
-        out.v[k] = from_float<X>(rstd * w[k] * gf - xf * c);
+        float o = rstd * w[k] * gf - xf * c;
+        if (gh != nullptr) o += to_float(hv.v[k]);
+        out.v[k] = from_float<X>(o);
         acc[k] += gf * xf * rstd;
       }
       reinterpret_cast<XV*>(static_cast<X*>(a.gx) + row * n)[v] = out;
@@ -388,6 +419,7 @@ __global__ void __launch_bounds__(BLOCK) bwd_naive_rows(const BwdArgs a) {
       GV gv = gr[v];
       float wv[VEC];
       load_w(a.w, a.w_dtype, v, w_aligned, wv);
+      add_offset(wv, a.offset);
       XV out, part;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {

@@ -11,19 +11,23 @@ namespace {
 
 using plans::kForward;
 
-template <typename X, typename O, std::size_t... I>
+// ADD: the fused residual add (FwdArgs::residual set) runs the same table
+// rows: its row lives in registers exactly as x does (h replaces x after the
+// add), and the extra read and write only scale the traffic that the rows
+// were sized for. Not separately tuned (no GPU time for it).
+template <typename X, typename O, bool ADD, std::size_t... I>
 const void* rows_kernel(int row, std::index_sequence<I...>) {
   static const void* const kernels[] = {reinterpret_cast<const void*>(
       &fwd_rows<X, O, kForward[I].block, kForward[I].group,
                 kForward[I].chunks, kForward[I].stages,
-                kForward[I].persistent>)...};
+                kForward[I].persistent, ADD>)...};
   return kernels[row];
 }
 
-template <typename X, typename O, int VEC>
+template <typename X, typename O, int VEC, bool ADD>
 void plan_looped(const FwdArgs& a, Plan& p) {
   const void* fn =
-      reinterpret_cast<const void*>(&fwd_looped<X, O, plans::kLoopedBlock, VEC>);
+      reinterpret_cast<const void*>(&fwd_looped<X, O, plans::kLoopedBlock, VEC, ADD>);
   const int occ = detail::blocks_per_sm(fn, plans::kLoopedBlock, 0);
   const int64_t grid =
       std::min<int64_t>(a.rows, int64_t(detail::sm_count()) * std::max(occ, 1));
@@ -36,18 +40,23 @@ void plan_looped(const FwdArgs& a, Plan& p) {
 Plan plan_forward(const FwdArgs& a) {
   Plan p;
   if (a.n == 0 || a.rows == 0) return p;
-  const int vec = vector_width(a.x_dtype, a.n, {a.x, a.y});
+  const int vec = vector_width(a.x_dtype, a.n, {a.x, a.y, a.residual, a.h});
   detail::with_types(a.x_dtype, a.y_dtype, [&](auto tx, auto to) {
     using X = typename decltype(tx)::type;
     using O = typename decltype(to)::type;
     constexpr int full = 16 / sizeof(X);
+    const bool add = a.residual != nullptr;
     const int row = detail::table_row(kForward, a.n / full);
-    if (vec != full) return plan_looped<X, O, 1>(a, p);
-    if (row < 0) return plan_looped<X, O, full>(a, p);
+    auto looped = [&](auto v) {
+      constexpr int kVec = decltype(v)::value;
+      return add ? plan_looped<X, O, kVec, true>(a, p) : plan_looped<X, O, kVec, false>(a, p);
+    };
+    if (vec != full) return looped(std::integral_constant<int, 1>{});
+    if (row < 0) return looped(std::integral_constant<int, full>{});
     const auto& cfg = kForward[row];
     const int rows_per_step = cfg.block / cfg.group;
-    const void* fn =
-        rows_kernel<X, O>(row, std::make_index_sequence<std::size(kForward)>{});
+    constexpr auto rows = std::make_index_sequence<std::size(kForward)>{};
+    const void* fn = add ? rows_kernel<X, O, true>(row, rows) : rows_kernel<X, O, false>(row, rows);
     // (the kernel strides over rows, so any grid covers them all)
     int64_t grid = std::min<int64_t>(detail::ceil_div(a.rows, rows_per_step),
                                      std::numeric_limits<int32_t>::max());

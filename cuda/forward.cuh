@@ -1,4 +1,7 @@
 // RMSNorm forward kernels: y = x * rsqrt(mean(x^2) + eps) * w, one fused pass.
+// ADD (add_rms_norm): the row normed is h = x + residual, rounded to X as an
+// unfused add would store it, and h is written beside y: x and residual are
+// read and h and y written once each.
 #pragma once
 
 #include "common.cuh"
@@ -17,7 +20,7 @@ namespace rmsnorm {
 // blocks are resident and many more rows' loads are in flight. At mid N
 // this moves more bytes at once than w in registers allows.
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT>
+          bool PERSISTENT, bool ADD = false>
 __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
   static_assert(STAGES == 1 || STAGES == 2, "one row, or one more loading");
   constexpr int VEC = 16 / sizeof(X);
@@ -38,10 +41,30 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
     const int64_t row = base + r;
     if (row >= a.rows) return;
     const XV* xr = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n);
+    if constexpr (ADD) {
+      // Every load of both operands is issued before the first add.
+      const XV* rr =
+          reinterpret_cast<const XV*>(static_cast<const X*>(a.residual) + row * n);
+      XV rv[CHUNKS];
 #pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) {
-      int v = j * GROUP + lane;
-      if (v < nvec) xv[j] = xr[v];
+      for (int j = 0; j < CHUNKS; ++j) {
+        int v = j * GROUP + lane;
+        if (v < nvec) {
+          xv[j] = xr[v];
+          rv[j] = rr[v];
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < CHUNKS; ++j) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) xv[j].v[k] = add_round(xv[j].v[k], rv[j].v[k]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < CHUNKS; ++j) {
+        int v = j * GROUP + lane;
+        if (v < nvec) xv[j] = xr[v];
+      }
     }
   };
   float w[W_REGS][VEC];
@@ -66,12 +89,17 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
     const float rstd = rsqrtf(sums.x / n + a.eps);
     if (!valid) return;
     OV* yr = reinterpret_cast<OV*>(static_cast<O*>(a.y) + row * n);
+    XV* hr = reinterpret_cast<XV*>(static_cast<X*>(a.h) + row * n);  // ADD only
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
       int v = j * GROUP + lane;
       if (v < nvec) {
+        if constexpr (ADD) hr[v] = xv[j];
         float(&wj)[VEC] = w[PERSISTENT ? j : 0];
-        if constexpr (!PERSISTENT) load_w(a.w, a.w_dtype, v, w_aligned, wj);
+        if constexpr (!PERSISTENT) {
+          load_w(a.w, a.w_dtype, v, w_aligned, wj);
+          add_offset(wj, a.offset);
+        }
         OV out;
 #pragma unroll
         for (int k = 0; k < VEC; ++k)
@@ -89,7 +117,10 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
       int v = j * GROUP + lane;
-      if (v < nvec) load_w(a.w, a.w_dtype, v, w_aligned, w[j]);
+      if (v < nvec) {
+        load_w(a.w, a.w_dtype, v, w_aligned, w[j]);
+        add_offset(w[j], a.offset);
+      }
     }
   }
 
@@ -113,7 +144,9 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
 // Any N, any alignment (VEC = 1 when needed): a block per row, a first pass
 // for the sum of squares and a second that re-reads the row (from L1/L2: a
 // resident block's row is at most a few hundred KiB) to write y.
-template <typename X, typename O, int BLOCK, int VEC>
+// ADD: the first pass writes h, the second reads it back (the same thread's
+// elements: from L1/L2).
+template <typename X, typename O, int BLOCK, int VEC, bool ADD = false>
 __global__ void __launch_bounds__(BLOCK) fwd_looped(const FwdArgs a) {
   using XV = Vec<X, VEC>;
   using OV = Vec<O, VEC>;
@@ -123,9 +156,17 @@ __global__ void __launch_bounds__(BLOCK) fwd_looped(const FwdArgs a) {
   const bool w_aligned = aligned16(a.w);
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const XV* xr = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n);
+    const XV* rr = reinterpret_cast<const XV*>(static_cast<const X*>(a.residual) + row * n);
+    XV* hr = reinterpret_cast<XV*>(static_cast<X*>(a.h) + row * n);
     float2 sums = make_float2(0.f, 0.f);
     for (int v = threadIdx.x; v < nvec; v += BLOCK) {
       XV xv = xr[v];
+      if constexpr (ADD) {
+        const XV rv = rr[v];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) xv.v[k] = add_round(xv.v[k], rv.v[k]);
+        hr[v] = xv;
+      }
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         float xf = to_float(xv.v[k]);
@@ -136,9 +177,15 @@ __global__ void __launch_bounds__(BLOCK) fwd_looped(const FwdArgs a) {
     const float rstd = rsqrtf(sums.x / n + a.eps);
     OV* yr = reinterpret_cast<OV*>(static_cast<O*>(a.y) + row * n);
     for (int v = threadIdx.x; v < nvec; v += BLOCK) {
-      XV xv = xr[v];
+      XV xv;
+      if constexpr (ADD) {
+        xv = hr[v];
+      } else {
+        xv = xr[v];
+      }
       float wv[VEC];
       load_w(a.w, a.w_dtype, v, w_aligned, wv);
+      add_offset(wv, a.offset);
       OV out;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) out.v[k] = from_float<O>(to_float(xv.v[k]) * rstd * wv[k]);
