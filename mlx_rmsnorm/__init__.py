@@ -19,6 +19,7 @@ import mlx.nn as nn
 
 from ._ext import (
     add_rms_norm,
+    add_rms_norm_vjp,
     device_memory,
     gpu_family,
     has_cuda_kernels,
@@ -30,6 +31,7 @@ from ._ext import (
 __all__ = [
     "RMSNorm",
     "add_rms_norm",
+    "add_rms_norm_vjp",
     "device_memory",
     "fused_architectures",
     "gpu_family",

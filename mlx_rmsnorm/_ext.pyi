@@ -31,6 +31,17 @@ def rms_norm_vjp(
     algorithm: Literal["auto", "persistent", "split", "naive"] = "auto",
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> Tuple[mx.array, Optional[mx.array]]: ...
+def add_rms_norm_vjp(
+    h: mx.array,
+    weight: Optional[mx.array],
+    g_y: mx.array,
+    g_h: mx.array,
+    eps: float,
+    *,
+    offset: float = 0.0,
+    need_gw: bool = True,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> Tuple[mx.array, Optional[mx.array]]: ...
 def _set_export_tracing(on: bool) -> bool: ...
 def _export_tracing() -> bool: ...
 

@@ -1,8 +1,11 @@
 #include "add_rms_norm_vjp.h"
 
+#include <stdexcept>
+
 #include "mlx/ops.h"
 #include "mlx/transforms.h"
 #include "reference.h"
+#include "rms_norm.h"
 
 namespace mlx_rmsnorm {
 
@@ -49,6 +52,37 @@ std::vector<mx::array> make_add_vjp(const mx::array& h,
 }
 
 }  // namespace detail
+
+std::vector<mx::array> add_rms_norm_vjp(const mx::array& h,
+                                        const std::optional<mx::array>& weight,
+                                        const mx::array& g_y, const mx::array& g_h,
+                                        float eps, float offset, bool need_gw,
+                                        mx::StreamOrDevice s) {
+  auto out_type = check_inputs("add_rms_norm_vjp", h, weight);
+  check_offset("add_rms_norm_vjp", weight, offset);
+  for (const auto* g : {&g_y, &g_h}) {
+    if (g->shape() != h.shape() || !mx::issubdtype(g->dtype(), mx::floating)) {
+      throw std::invalid_argument(
+          "[add_rms_norm_vjp] g_y and g_h must be floating arrays of h's shape.");
+    }
+  }
+  auto stream = mx::to_stream(s);
+  auto hk = kernel_input(h, out_type, stream);
+  std::optional<mx::array> w;
+  if (weight) w = kernel_input(*weight, out_type, stream);
+  auto gy = g_y.dtype() == out_type ? g_y : mx::astype(g_y, out_type, stream);
+  auto gh = g_h.dtype() == hk.dtype() ? g_h : mx::astype(g_h, hk.dtype(), stream);
+  need_gw = need_gw && w.has_value();
+  if (export_tracing() || out_type == mx::float64 || hk.dtype() == mx::float64) {
+    // MLX ops: what the export writes, and float64.
+    std::vector<mx::array> in = {hk};
+    if (w) in.push_back(*w);
+    in.push_back(gy);
+    in.push_back(gh);
+    return reference_backward(eps, offset, w.has_value(), need_gw, stream)(in);
+  }
+  return detail::make_add_vjp(hk, w, gy, gh, eps, offset, need_gw, stream);
+}
 
 std::vector<mx::array> AddRMSNormVJP::vjp(const std::vector<mx::array>& primals,
                                           const std::vector<mx::array>& cotangents,

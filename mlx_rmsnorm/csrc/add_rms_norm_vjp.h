@@ -11,6 +11,17 @@ namespace mlx_rmsnorm {
 
 namespace mx = mlx::core;
 
+// (gx, [gw]) of (y, h) = add_rms_norm(x, residual, weight, eps, offset)
+// against the cotangents g_y and g_h, from the forward's h: gx is the
+// gradient of x and of residual alike. gw only with a weight and need_gw.
+// g_y is cast to y's dtype, g_h to h's. The op behind mx.grad of
+// add_rms_norm, callable directly (benchmarks, custom backward passes).
+std::vector<mx::array> add_rms_norm_vjp(const mx::array& h,
+                                        const std::optional<mx::array>& weight,
+                                        const mx::array& g_y, const mx::array& g_h,
+                                        float eps, float offset = 0.f,
+                                        bool need_gw = true, mx::StreamOrDevice s = {});
+
 namespace detail {
 // The AddRMSNormVJP node for inputs already in the kernels' dtypes: h (the
 // forward's second output), w, g_y in y's dtype, g_h in h's. Returns {gx}

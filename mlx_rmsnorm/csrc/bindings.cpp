@@ -13,6 +13,7 @@
 #include "rmsnorm.h"  // cuda/: device_family
 #endif
 #include "add_rms_norm.h"
+#include "add_rms_norm_vjp.h"
 #include "rms_norm.h"
 #include "rms_norm_vjp.h"
 
@@ -139,6 +140,25 @@ NB_MODULE(_ext, m) {
 
         Returns:
             tuple(array, array or None): ``(gx, gw)``; ``gw`` is ``None``
+            without a weight or with ``need_gw=False``.
+        )");
+
+  m.def(
+      "add_rms_norm_vjp",
+      [](const mx::array& h, const std::optional<mx::array>& weight, const mx::array& g_y,
+         const mx::array& g_h, float eps, float offset, bool need_gw,
+         mx::StreamOrDevice s) -> std::pair<mx::array, std::optional<mx::array>> {
+        auto out = mlx_rmsnorm::add_rms_norm_vjp(h, weight, g_y, g_h, eps, offset, need_gw, s);
+        if (out.size() == 2) return {out[0], out[1]};
+        return {out[0], std::nullopt};
+      },
+      "h"_a, "weight"_a.none(), "g_y"_a, "g_h"_a, "eps"_a, nb::kw_only(),
+      "offset"_a = 0.f, "need_gw"_a = true, "stream"_a = nb::none(),
+      R"(Backward of :func:`add_rms_norm` from its output ``h``.
+
+        Returns:
+            tuple(array, array or None): ``(gx, gw)``: ``gx = g_h + d(norm)/dh``
+            is the gradient of both ``x`` and ``residual``; ``gw`` is ``None``
             without a weight or with ``need_gw=False``.
         )");
 
