@@ -16,10 +16,20 @@ What is fused, per block (the pre-norm pattern of llama.py, qwen3.py, ...)::
 becomes ``y, h = add_rms_norm(x, r, post_attention_layernorm.weight, eps)``
 and ``r = mlp(y)``. Gemma 2/3 add a norm of r first
 (``h = x + post_attention_layernorm(r)``, then ``pre_feedforward_layernorm(h)``):
-the add and the second norm fuse the same way. The other add of a block,
-``out = h + r``, feeds the *next* block's input norm: fusing it needs the
-model's layer loop rewritten, which these entries do not do (one add of the
-two per block is fused).
+the add and the second norm fuse the same way.
+
+The block's other add, ``out = h + r``, feeds the *next* block's input norm,
+across the model's layer loop, which these entries leave alone. A rewritten
+block still returns ``out = h + r`` (an array, as before: the loop, caches,
+pipeline sends and the final norm see what they always saw) and remembers,
+in a per-thread slot, the (out, h, r) it made it from. When the next
+rewritten block is called with that very array (identity), it computes its
+input norm as ``y, out = add_rms_norm(h, r, input_layernorm.weight)`` and
+carries that h on: the same values (``h + r`` rounded once, either way), and
+the unfused ``h + r`` is left with no consumer, so MLX's lazy graph never runs
+it. Anything else that reads ``out`` (a model that keeps it, the last
+block's output going into the final norm) still gets it computed. The slot
+holds one block's three arrays until the next block or forward takes it.
 """
 
 from __future__ import annotations
@@ -51,6 +61,30 @@ def _is_rms_norm(norm: Any) -> bool:
     return isinstance(norm, nn.RMSNorm)
 
 
+_slot = threading.local()  # .pending: (out, h, r) of the last rewritten block
+
+
+def _defer(out: mx.array, h: mx.array, r: mx.array) -> mx.array:
+    """Returns `out` (= h + r), remembering how it was made."""
+    _slot.pending = (out, h, r)
+    return out
+
+
+def _input_norm(norm: Any, x: mx.array, fusable: bool, offset: float) -> tuple:
+    """(input_layernorm(x), the residual to carry on): fused with the previous
+    block's h + r when x is that block's output."""
+    pending = getattr(_slot, "pending", None)
+    _slot.pending = None
+    if fusable and pending is not None and pending[0] is x:
+        y, x = _ext.add_rms_norm(pending[1], pending[2], norm.weight, norm.eps, offset=offset)
+        return y, x
+    return norm(x), x
+
+
+def _drop_pending() -> None:
+    _slot.pending = None
+
+
 # --- replacements ---------------------------------------------------------------
 
 
@@ -61,10 +95,13 @@ def _pre_norm_block(mod: Any, original: Callable) -> Callable:
     def __call__(self, x, mask=None, cache=None):
         norm = self.post_attention_layernorm
         if not _is_rms_norm(norm):
+            _drop_pending()
             return original(self, x, mask, cache)
-        r = self.self_attn(self.input_layernorm(x), mask, cache)
+        y, x = _input_norm(self.input_layernorm, x, _is_rms_norm(self.input_layernorm), 0.0)
+        r = self.self_attn(y, mask, cache)
         y, h = _ext.add_rms_norm(x, r, norm.weight, norm.eps)
-        return h + self.mlp(y)
+        r = self.mlp(y)
+        return _defer(h + r, h, r)
 
     return __call__
 
@@ -84,10 +121,14 @@ def _gemma_block(mod: Any, original: Callable) -> Callable:
     def __call__(self, x, mask=None, cache=None):
         norm = self.post_attention_layernorm
         if type(norm) is not mod.RMSNorm:
+            _drop_pending()
             return original(self, x, mask, cache)
-        r = self.self_attn(self.input_layernorm(x), mask, cache)
+        inorm = self.input_layernorm
+        y, x = _input_norm(inorm, x, type(inorm) is mod.RMSNorm, 1.0)
+        r = self.self_attn(y, mask, cache)
         y, h = _ext.add_rms_norm(x, r, norm.weight, norm.eps, offset=1.0)
-        return h + self.mlp(y)
+        r = self.mlp(y)
+        return _defer(h + r, h, r)
 
     return __call__
 
@@ -100,16 +141,16 @@ def _gemma2_block(mod: Any, original: Callable) -> Callable:
     def __call__(self, x, mask=None, cache=None):
         norm = self.pre_feedforward_layernorm
         if type(norm) is not mod.RMSNorm or x.dtype == mx.float16:
+            _drop_pending()
             return original(self, x, mask, cache)
-        r = self.self_attn(self.input_layernorm(x), mask, cache)
+        inorm = self.input_layernorm
+        y, x = _input_norm(inorm, x, type(inorm) is mod.RMSNorm, 1.0)
+        r = self.self_attn(y, mask, cache)
         y, h = _ext.add_rms_norm(
             x, self.post_attention_layernorm(r), norm.weight, norm.eps, offset=1.0
         )
-        r = self.mlp(y)
-        post = self.post_feedforward_layernorm(r)
-        if hasattr(mod, "clip_residual"):
-            return mod.clip_residual(h, post)
-        return h + post
+        post = self.post_feedforward_layernorm(self.mlp(y))
+        return _defer(h + post, h, post)  # (clip_residual is this add outside float16)
 
     return __call__
 
@@ -178,6 +219,7 @@ def apply() -> None:
 
 def remove() -> None:
     """Put every original method back (idempotent)."""
+    _drop_pending()
     with _lock:
         for (module, cls_name, attr), original in list(_originals.items()):
             mod = _import(module)
