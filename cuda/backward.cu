@@ -1,5 +1,7 @@
 // Backward planner: picks the kernels from the family's plans::kBackward* table and sizes grids
 // and scratch. Kernel bodies live in backward.cuh and colsum.cuh.
+#include <type_traits>
+
 #include "backward.cuh"
 #include "colsum.cuh"
 #include "dispatch.cuh"
@@ -12,14 +14,16 @@ using detail::ceil_div;
 using detail::make_call;
 
 // The persistent kernel of row `row` of a family's table. ADD: the fused
-// residual add's backward (BwdArgs::gh set) on the same row (plans.h).
+// residual add's backward (BwdArgs::gh set: the AddRmsRow policy of the same
+// walk) on the same row (plans.h).
 template <typename X, typename G, bool ADD, const auto& Table, std::size_t... I>
 const void* persistent_kernel(int row, std::index_sequence<I...>) {
   static_assert(((Table[I].cluster == 1) && ...),
                 "no cluster rows through MLX (plans.h says why)");
   static const void* const kernels[] = {
       persistent_kernel_for<X, G, Table[I].block, Table[I].group, Table[I].chunks,
-                            Table[I].stages, Table[I].bulk, 1, ADD>()...};
+                            Table[I].stages, Table[I].bulk, 1,
+                            std::conditional_t<ADD, AddRmsRow, RmsRow>>()...};
   return kernels[row];
 }
 

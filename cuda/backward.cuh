@@ -8,7 +8,10 @@
 // free, and the backward then works for any caller (no forward state).
 #pragma once
 
+#include <type_traits>
+
 #include "common.cuh"
+#include "row_math.cuh"
 
 namespace rmsnorm {
 
@@ -33,14 +36,21 @@ namespace rmsnorm {
 // issue slots; a stage is refilled only after the block barrier that follows
 // the last read of it, and completion is signalled on one mbarrier per stage.
 //
-// ADD (add_rms_norm's backward; an extension of this walk, marked "ADD"
-// below, until the walk takes a row-math policy): x is the forward's h, and
-// the cotangent of h, gh (X), is a third streamed operand, staged after g,
-// added into gx in fp32 before the one rounding. Nothing else changes: the
-// row sums, w and the gw partials are the norm's.
-template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK, int CLUSTER, bool ADD = false>
+// Row is the norm's math (row_math.cuh): its row sums (one or two passes
+// over the staged row, each one block reduction), the gx formula and its
+// column partials (RmsRow: gw; LayerRow: gw and gb), each an fp32 register
+// array for the whole walk, stored once per unit to its own region of the
+// scratch (region p at partials + p * units * n) and summed by colsum.
+template <typename Row, typename X, typename G, int BLOCK, int GROUP, int CHUNKS,
+          int STAGES, bool BULK, int CLUSTER>
 __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
+  // Extra streams (AddRmsRow): g_h (x's dtype) is a third operand of every
+  // stage, after g, moved the same way as x and g (bulk or per thread), and
+  // gx leaves as Row::gx_out(gx, g_h).
+  static_assert(Row::kExtraIn == Row::kExtraOut && Row::kExtraIn <= 1,
+                "one extra stream each way, or none");
+  constexpr bool kExtra = Row::kExtraIn == 1;
+  constexpr int P = Row::kPartials;
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ROWS = BLOCK / GROUP;
   // Bulk copies where the family has the copy engine; elsewhere the same
@@ -60,13 +70,13 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   const int nvec = max(0, min(n / VEC - v0, per_rank));
 
   // Stage s: ROWS rows of x (nvec vectors each), then ROWS rows of g, then
-  // (ADD) ROWS rows of gh.
+  // (kExtra) ROWS rows of g_h.
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float2 red[32];
   __shared__ unsigned long long landed[STAGES];  // kBulk: one mbarrier a stage
   __shared__ float2 slice_sums[2];  // CLUSTER: this block's sums, by step parity
   const size_t stage_bytes =
-      (size_t)ROWS * nvec * (sizeof(XV) + sizeof(GV) + (ADD ? sizeof(XV) : 0));
+      (size_t)ROWS * nvec * (sizeof(XV) + sizeof(GV) + (kExtra ? sizeof(XV) : 0));
   auto stage_x = [&](int s, int row) {
     return reinterpret_cast<XV*>(smem + s * stage_bytes) + (size_t)row * nvec;
   };
@@ -75,7 +85,7 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
                                  (size_t)ROWS * nvec * sizeof(XV)) +
            (size_t)row * nvec;
   };
-  auto stage_gh = [&](int s, int row) {  // ADD
+  auto stage_e = [&](int s, int row) {  // kExtra: g_h
     return reinterpret_cast<XV*>(smem + s * stage_bytes +
                                  (size_t)ROWS * nvec * (sizeof(XV) + sizeof(GV))) +
            (size_t)row * nvec;
@@ -90,7 +100,7 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   const X* x = static_cast<const X*>(a.x) + (size_t)v0 * VEC;
   const G* g = static_cast<const G*>(a.g) + (size_t)v0 * VEC;
   X* gx = static_cast<X*>(a.gx) + (size_t)v0 * VEC;
-  const X* gh = ADD ? static_cast<const X*>(a.gh) + (size_t)v0 * VEC : nullptr;
+  const X* e = kExtra ? static_cast<const X*>(a.gh) + (size_t)v0 * VEC : nullptr;
 
   // Starts the copies of step `step` into its stage (step < steps).
   auto prefetch = [&](int64_t step) {
@@ -102,23 +112,23 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
       const int64_t count = min((int64_t)ROWS, a.rows - first);
       const unsigned bytes_x = count * nvec * sizeof(XV);
       const unsigned bytes_g = count * nvec * sizeof(GV);
-      bulk_expect(&landed[s], bytes_x + bytes_g + (ADD ? bytes_x : 0));
+      bulk_expect(&landed[s], bytes_x + bytes_g + (kExtra ? bytes_x : 0));
       bulk_copy(stage_x(s, 0), x + first * n, bytes_x, &landed[s]);
       bulk_copy(stage_g(s, 0), g + first * n, bytes_g, &landed[s]);
-      if constexpr (ADD) bulk_copy(stage_gh(s, 0), gh + first * n, bytes_x, &landed[s]);
+      if constexpr (kExtra) bulk_copy(stage_e(s, 0), e + first * n, bytes_x, &landed[s]);
     } else {
       const int64_t row = first + r;
       if (row >= a.rows) return;
       const XV* xr = reinterpret_cast<const XV*>(x + row * n);
       const GV* gr = reinterpret_cast<const GV*>(g + row * n);
-      const XV* ghr = reinterpret_cast<const XV*>(gh + row * n);  // ADD
+      const XV* er = reinterpret_cast<const XV*>(e + row * n);  // kExtra
 #pragma unroll
       for (int j = 0; j < CHUNKS; ++j) {
         int v = j * GROUP + lane;
         if (v < nvec) {
           copy_async(&stage_x(s, r)[v], &xr[v]);
           copy_async(&stage_g(s, r)[v], &gr[v]);
-          if constexpr (ADD) copy_async(&stage_gh(s, r)[v], &ghr[v]);
+          if constexpr (kExtra) copy_async(&stage_e(s, r)[v], &er[v]);
         }
       }
     }
@@ -141,13 +151,13 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   }
 
   float w[CHUNKS][VEC];
-  float acc[CHUNKS][VEC] = {};
+  float acc[P][CHUNKS][VEC] = {};
 #pragma unroll
   for (int j = 0; j < CHUNKS; ++j) {
     int v = j * GROUP + lane;
     if (v < nvec) {
       load_w(a.w, a.w_dtype, v0 + v, aligned16(a.w), w[j]);
-      add_offset(w[j], a.offset);
+      add_offset(w[j], a.offset);  // the scale offset + w (Gemma), fp32
     } else {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) w[j][k] = 0.f;
@@ -170,31 +180,43 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
     const XV* sx = stage_x(s, r);
     const GV* sg = stage_g(s, r);
 
-    float2 sums = make_float2(0.f, 0.f);  // (sum x^2, sum g*w*x)
+    // The row's sums, pass by pass (each pass reads the staged row again and
+    // is one block reduction).
+    typename Row::Stats st{};
+    auto pass_sums = [&](auto pass_index) {
+      constexpr int PASS = decltype(pass_index)::value;
+      float2 sums = make_float2(0.f, 0.f);
 #pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) {
-      int v = j * GROUP + lane;
-      if (valid && v < nvec) {
-        XV xv = sx[v];
-        GV gv = sg[v];
+      for (int j = 0; j < CHUNKS; ++j) {
+        int v = j * GROUP + lane;
+        if (valid && v < nvec) {
+          XV xv = sx[v];
+          GV gv = sg[v];
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          float xf = to_float(xv.v[k]);
-          sums.x += xf * xf;
-          sums.y += to_float(gv.v[k]) * w[j][k] * xf;
+          for (int k = 0; k < VEC; ++k)
+            Row::template add<PASS>(sums, to_float(xv.v[k]), to_float(gv.v[k]),
+                                    w[j][k], st);
         }
       }
-    }
-    sums = group_sum<GROUP, BLOCK>(sums, red);
+      return group_sum<GROUP, BLOCK>(sums, red);
+    };
+    float2 sums = pass_sums(std::integral_constant<int, 0>{});
     if constexpr (kBulk) {
       // Every thread is past its reads of step t-1 (the barrier in group_sum,
       // or this one when a row lives inside a warp): its stage can refill.
       if constexpr (GROUP <= 32) __syncthreads();
       if (t + STAGES - 1 < steps) prefetch(t + STAGES - 1);
     }
-    if constexpr (CLUSTER > 1) sums = cluster_sum<CLUSTER>(sums, slice_sums, t);
-    const float rstd = rsqrtf(sums.x / n + a.eps);
-    const float c = sums.y / n * rstd * rstd * rstd;
+    // Cluster sums alternate two slots by the parity of their count.
+    if constexpr (CLUSTER > 1)
+      sums = cluster_sum<CLUSTER>(sums, slice_sums, Row::kPasses * t);
+    Row::template finish<0>(sums, n, a.eps, st);
+    if constexpr (Row::kPasses > 1) {
+      sums = pass_sums(std::integral_constant<int, 1>{});
+      if constexpr (CLUSTER > 1)
+        sums = cluster_sum<CLUSTER>(sums, slice_sums, Row::kPasses * t + 1);
+      Row::template finish<1>(sums, n, a.eps, st);
+    }
 
     if (valid) {
       XV* gxr = reinterpret_cast<XV*>(gx + row * n);
@@ -204,17 +226,18 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
         if (v < nvec) {
           XV xv = sx[v];
           GV gv = sg[v];
-          XV hv;  // ADD: gh
-          if constexpr (ADD) hv = stage_gh(s, r)[v];
+          XV ev;  // kExtra: g_h
+          if constexpr (kExtra) ev = stage_e(s, r)[v];
           XV out;
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
             float xf = to_float(xv.v[k]);
             float gf = to_float(gv.v[k]);
-            float o = rstd * w[j][k] * gf - xf * c;
-            if constexpr (ADD) o += to_float(hv.v[k]);
+            float o = Row::gx(xf, gf, w[j][k], st);
+            if constexpr (kExtra) o = Row::gx_out(o, to_float(ev.v[k]));
             out.v[k] = from_float<X>(o);
-            acc[j][k] += gf * xf * rstd;
+#pragma unroll
+            for (int p = 0; p < P; ++p) acc[p][j][k] += Row::partial(p, xf, gf, st);
           }
           gxr[v] = out;
         }
@@ -224,76 +247,81 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   if constexpr (!kBulk) __pipeline_wait_prior(0);
   // No block may leave while another can still read its slice_sums.
   if constexpr (CLUSTER > 1) cluster_barrier();
-  if (a.gw == nullptr) return;  // no weight, or its gradient is not wanted
 
-  // The partial leaves through shared memory (the stages are free now), so
-  // that every global store is a 16-byte vector of consecutive columns.
-  // Stored straight from acc, a warp's lanes sit VEC floats apart and each
-  // store instruction touched 32 sectors for 4 bytes of each: under ncu the
-  // gw kernel took 13 us longer than the same kernel without gw at
+  // Each wanted partial leaves through shared memory (the stages are free
+  // now), so that every global store is a 16-byte vector of consecutive
+  // columns. Stored straight from acc, a warp's lanes sit VEC floats apart and
+  // each store instruction touched 32 sectors for 4 bytes of each: under ncu
+  // the gw kernel took 13 us longer than the same kernel without gw at
   // 16384x8192 and 4096x8192, for a 13 MB write. Several rows a step
   // (ROWS > 1) add the ROWS partials of this block there in a fixed order
-  // (row lane 0, 1, ...) and write one row.
+  // (row lane 0, 1, ...) and write one row. Unwanted partials (no weight, or
+  // a frozen one; no bias) are neither stored nor summed.
   static_assert(VEC % 4 == 0, "acc leaves as float4");
   float* sacc = reinterpret_cast<float*>(smem);  // n floats fit: see plans.h
-  __syncthreads();  // every thread is past its reads of the last stage
-  for (int rr = 0; rr < ROWS; ++rr) {
-    if (r == rr) {
+  const int64_t units = gridDim.x / CLUSTER;
 #pragma unroll
-      for (int j = 0; j < CHUNKS; ++j) {
-        int v = j * GROUP + lane;
-        if (v < nvec) {
-          float4* dst = reinterpret_cast<float4*>(sacc + v * VEC);
+  for (int p = 0; p < P; ++p) {
+    if (!Row::wants(a, p)) continue;
+    __syncthreads();  // every thread is past its reads of the last stage / sacc
+    for (int rr = 0; rr < ROWS; ++rr) {
+      if (r == rr) {
 #pragma unroll
-          for (int q = 0; q < VEC / 4; ++q) {
-            float4 sum = make_float4(acc[j][4 * q], acc[j][4 * q + 1],
-                                     acc[j][4 * q + 2], acc[j][4 * q + 3]);
-            if (rr > 0) {
-              const float4 prev = dst[q];
-              sum = make_float4(prev.x + sum.x, prev.y + sum.y, prev.z + sum.z,
-                                prev.w + sum.w);
+        for (int j = 0; j < CHUNKS; ++j) {
+          int v = j * GROUP + lane;
+          if (v < nvec) {
+            float4* dst = reinterpret_cast<float4*>(sacc + v * VEC);
+#pragma unroll
+            for (int q = 0; q < VEC / 4; ++q) {
+              float4 sum = make_float4(acc[p][j][4 * q], acc[p][j][4 * q + 1],
+                                       acc[p][j][4 * q + 2], acc[p][j][4 * q + 3]);
+              if (rr > 0) {
+                const float4 prev = dst[q];
+                sum = make_float4(prev.x + sum.x, prev.y + sum.y, prev.z + sum.z,
+                                  prev.w + sum.w);
+              }
+              dst[q] = sum;
             }
-            dst[q] = sum;
           }
         }
       }
+      __syncthreads();
     }
-    __syncthreads();
+    // partials rows are n floats, n a multiple of VEC, and the scratch is
+    // 16-byte aligned: out is too.
+    float4* out = reinterpret_cast<float4*>(a.partials + (p * units + unit) * n +
+                                            (size_t)v0 * VEC);
+    const float4* src = reinterpret_cast<const float4*>(sacc);
+    for (int i = threadIdx.x; i < nvec * VEC / 4; i += BLOCK) out[i] = src[i];
   }
-  // partials rows are n floats, n a multiple of VEC, and the scratch is
-  // 16-byte aligned: out is too.
-  float4* out = reinterpret_cast<float4*>(a.partials + unit * n + (size_t)v0 * VEC);
-  const float4* src = reinterpret_cast<const float4*>(sacc);
-  for (int i = threadIdx.x; i < nvec * VEC / 4; i += BLOCK) out[i] = src[i];
 }
 
 // The kernels. The cluster variant (rows past one SM's shared memory) is
 // launched by the standalone tuner only; plans.h says why MLX does not get
 // it yet.
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK, bool ADD = false>
+          bool BULK, typename Row = RmsRow>
 __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
-  persistent_walk<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1, ADD>(a);
+  persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1>(a);
 }
 
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK, int CLUSTER>
+          bool BULK, int CLUSTER, typename Row = RmsRow>
 __global__ void RMSNORM_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK)
     bwd_persistent_cluster(const BwdArgs a) {
-  persistent_walk<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER>(a);
+  persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER>(a);
 }
 
 // The host stub of the persistent kernel for one launch plan.
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK, int CLUSTER, bool ADD = false>
+          bool BULK, int CLUSTER, typename Row = RmsRow>
 const void* persistent_kernel_for() {
   if constexpr (CLUSTER > 1) {
-    static_assert(!ADD, "the fused add has no cluster kernel");
     return reinterpret_cast<const void*>(
-        &bwd_persistent_cluster<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER>);
+        &bwd_persistent_cluster<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER, Row>);
   } else {
     return reinterpret_cast<const void*>(
-        &bwd_persistent<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, ADD>);
+        &bwd_persistent<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, Row>);
   }
 }
 
@@ -355,7 +383,7 @@ __global__ void __launch_bounds__(256) bwd_split_cols(const BwdArgs a) {
   const int64_t end = min(a.rows, begin + per_split);
 
   float w[VEC] = {}, acc[VEC] = {};
-  // gh (add_rms_norm's backward): the cotangent of h, added into gx.
+  // g_h (add_rms_norm's backward, AddRmsRow's stream): added into gx.
   const X* gh = static_cast<const X*>(a.gh);
   if (v < nvec) {
     load_w(a.w, a.w_dtype, v, aligned16(a.w), w);
@@ -372,7 +400,7 @@ __global__ void __launch_bounds__(256) bwd_split_cols(const BwdArgs a) {
         float xf = to_float(xv.v[k]);
         float gf = to_float(gv.v[k]);
         float o = rstd * w[k] * gf - xf * c;
-        if (gh != nullptr) o += to_float(hv.v[k]);
+        if (gh != nullptr) o = AddRmsRow::gx_out(o, to_float(hv.v[k]));
         out.v[k] = from_float<X>(o);
         acc[k] += gf * xf * rstd;
       }

@@ -14,13 +14,17 @@ namespace rmsnorm {
 // narrow blocks (COLS = 8) give such sums more blocks and shorter walks.
 //   FINAL:  partials (partial_rows x n, fp32) -> gw (n, w_dtype); grid.y == 1.
 //  !FINAL:  the naive chain's M x n rows (x dtype) -> partials, grid.y slices.
-template <typename S, bool FINAL, int COLS>
+// PART (FINAL only) picks the column partial: 0 gw, 1 gb (LayerNorm), whose
+// partials follow gw's in the scratch.
+template <typename S, bool FINAL, int COLS, int PART = 0>
 __global__ void __launch_bounds__(1024) colsum(const BwdArgs a) {
+  static_assert(PART == 0 || FINAL, "only the final sum has a gb");
   constexpr int LANES = 1024 / COLS;
   __shared__ float lanes[LANES][COLS + 1];
   const int n = a.n;
   const int col = blockIdx.x * COLS + threadIdx.x;
-  const S* in = FINAL ? reinterpret_cast<const S*>(a.partials)
+  const S* in = FINAL ? reinterpret_cast<const S*>(
+                            a.partials + (PART ? (int64_t)a.partial_rows * n : 0))
                       : static_cast<const S*>(a.naive_rows);
   const int64_t rows = FINAL ? a.partial_rows : a.rows;
   const int64_t per_slice = (rows + gridDim.y - 1) / gridDim.y;
@@ -43,7 +47,11 @@ __global__ void __launch_bounds__(1024) colsum(const BwdArgs a) {
   if (threadIdx.y == 0 && col < n) {
     const float total = lanes[0][threadIdx.x];
     if constexpr (FINAL) {
-      store_from_float(a.gw, a.w_dtype, col, total);
+      if constexpr (PART == 0) {
+        store_from_float(a.gw, a.w_dtype, col, total);
+      } else {
+        store_from_float(a.gb, a.b_dtype, col, total);
+      }
     } else {
       a.partials[(int64_t)blockIdx.y * n + col] = total;
     }

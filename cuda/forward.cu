@@ -1,6 +1,7 @@
 // Forward planner: a row-in-registers kernel from plans::kForward, or the
 // looped kernel for rows past the table or not 16-byte friendly.
 #include <limits>
+#include <type_traits>
 
 #include "dispatch.cuh"
 #include "forward.cuh"
@@ -11,8 +12,8 @@ namespace {
 
 using plans::kForward;
 
-// ADD: the fused residual add (FwdArgs::residual set) runs the same table
-// rows: its row lives in registers exactly as x does (h replaces x after the
+// ADD: the fused residual add (FwdArgs::residual set; the AddRmsRow policy
+// of the same kernel) runs the same table rows: its row lives in registers exactly as x does (h replaces x after the
 // add), and the extra read and write only scale the traffic that the rows
 // were sized for. Not separately tuned (no GPU time for it).
 template <typename X, typename O, bool ADD, std::size_t... I>
@@ -20,7 +21,7 @@ const void* rows_kernel(int row, std::index_sequence<I...>) {
   static const void* const kernels[] = {reinterpret_cast<const void*>(
       &fwd_rows<X, O, kForward[I].block, kForward[I].group,
                 kForward[I].chunks, kForward[I].stages,
-                kForward[I].persistent, ADD>)...};
+                kForward[I].persistent, std::conditional_t<ADD, AddRmsRow, RmsRow>>)...};
   return kernels[row];
 }
 

@@ -1,10 +1,11 @@
-// RMSNorm forward kernels: y = x * rsqrt(mean(x^2) + eps) * w, one fused pass.
-// ADD (add_rms_norm): the row normed is h = x + residual, rounded to X as an
-// unfused add would store it, and h is written beside y: x and residual are
-// read and h and y written once each.
+// Norm forward kernels. RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w, one
+// fused pass; fwd_rows also runs LayerNorm (row_math.cuh).
 #pragma once
 
+#include <type_traits>
+
 #include "common.cuh"
+#include "row_math.cuh"
 
 namespace rmsnorm {
 
@@ -19,13 +20,24 @@ namespace rmsnorm {
 // its own dtype, vectorized), which keeps registers low, so many small
 // blocks are resident and many more rows' loads are in flight. At mid N
 // this moves more bytes at once than w in registers allows.
+//
+// Row is the norm's math (row_math.cuh): its reduction passes over the row in
+// registers (RmsRow: sum x^2; LayerRow: sum x, then sum (x - mean)^2) and the
+// output formula; with Row::kBias, b is read beside w (absent: 0).
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT, bool ADD = false>
+          bool PERSISTENT, typename Row = RmsRow>
 __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
   static_assert(STAGES == 1 || STAGES == 2, "one row, or one more loading");
+  // Extra streams (AddRmsRow): the residual is loaded beside x, the row
+  // value row_in(x, residual) replaces x in registers, and it is written to
+  // FwdArgs::h beside y.
+  static_assert(Row::kExtraIn == Row::kExtraOut && Row::kExtraIn <= 1,
+                "one extra stream each way, or none");
+  constexpr bool kExtra = Row::kExtraIn == 1;
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ROWS = BLOCK / GROUP;
   constexpr int W_REGS = PERSISTENT ? CHUNKS : 1;  // fp32 w kept for the walk
+  constexpr int B_REGS = Row::kBias ? W_REGS : 1;  // and b, when the norm has one
   using XV = Vec<X, VEC>;
   using OV = Vec<O, VEC>;
   __shared__ float2 red[32];
@@ -41,23 +53,23 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
     const int64_t row = base + r;
     if (row >= a.rows) return;
     const XV* xr = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n);
-    if constexpr (ADD) {
-      // Every load of both operands is issued before the first add.
-      const XV* rr =
+    if constexpr (kExtra) {
+      // Every load of both operands is issued before the first use.
+      const XV* er =
           reinterpret_cast<const XV*>(static_cast<const X*>(a.residual) + row * n);
-      XV rv[CHUNKS];
+      XV ev[CHUNKS];
 #pragma unroll
       for (int j = 0; j < CHUNKS; ++j) {
         int v = j * GROUP + lane;
         if (v < nvec) {
           xv[j] = xr[v];
-          rv[j] = rr[v];
+          ev[j] = er[v];
         }
       }
 #pragma unroll
       for (int j = 0; j < CHUNKS; ++j) {
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) xv[j].v[k] = add_round(xv[j].v[k], rv[j].v[k]);
+        for (int k = 0; k < VEC; ++k) xv[j].v[k] = Row::row_in(xv[j].v[k], ev[j].v[k]);
       }
     } else {
 #pragma unroll
@@ -68,42 +80,61 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
     }
   };
   float w[W_REGS][VEC];
+  float b[B_REGS][VEC];
+  const bool has_b = Row::kBias && a.b != nullptr;
+  const bool b_aligned = Row::kBias && aligned16(a.b);
+  // b as floats (0 when absent), read like w.
+  auto load_b = [&](int v, float(&bj)[VEC]) {
+    if (has_b) {
+      load_w(a.b, a.b_dtype, v, b_aligned, bj);
+    } else {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) bj[k] = 0.f;
+    }
+  };
   // All threads of a block make the same steps (barriers inside group_sum
   // when GROUP == BLOCK); rows past the end are masked.
   auto finish = [&](const XV (&xv)[CHUNKS], int64_t base) {
     const int64_t row = base + r;
     const bool valid = row < a.rows;
-    float2 sums = make_float2(0.f, 0.f);
+    typename Row::FwdStats st{};
+    auto pass = [&](auto pass_index) {
+      constexpr int PASS = decltype(pass_index)::value;
+      float2 sums = make_float2(0.f, 0.f);
 #pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) {
-      int v = j * GROUP + lane;
-      if (valid && v < nvec) {
+      for (int j = 0; j < CHUNKS; ++j) {
+        int v = j * GROUP + lane;
+        if (valid && v < nvec) {
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          float xf = to_float(xv[j].v[k]);
-          sums.x += xf * xf;
+          for (int k = 0; k < VEC; ++k)
+            Row::template fwd_add<PASS>(sums, to_float(xv[j].v[k]), st);
         }
       }
-    }
-    sums = group_sum<GROUP, BLOCK>(sums, red);
-    const float rstd = rsqrtf(sums.x / n + a.eps);
+      sums = group_sum<GROUP, BLOCK>(sums, red);
+      Row::template fwd_finish<PASS>(sums, n, a.eps, st);
+    };
+    pass(std::integral_constant<int, 0>{});
+    if constexpr (Row::kFwdPasses > 1) pass(std::integral_constant<int, 1>{});
     if (!valid) return;
     OV* yr = reinterpret_cast<OV*>(static_cast<O*>(a.y) + row * n);
-    XV* hr = reinterpret_cast<XV*>(static_cast<X*>(a.h) + row * n);  // ADD only
+    XV* hr = reinterpret_cast<XV*>(static_cast<X*>(a.h) + row * n);  // kExtra
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
       int v = j * GROUP + lane;
       if (v < nvec) {
-        if constexpr (ADD) hr[v] = xv[j];
+        if constexpr (kExtra) hr[v] = xv[j];  // the row value: h
         float(&wj)[VEC] = w[PERSISTENT ? j : 0];
+        float(&bj)[VEC] = b[PERSISTENT && Row::kBias ? j : 0];
         if constexpr (!PERSISTENT) {
           load_w(a.w, a.w_dtype, v, w_aligned, wj);
           add_offset(wj, a.offset);
         }
+        if constexpr (!PERSISTENT && Row::kBias) load_b(v, bj);
         OV out;
 #pragma unroll
         for (int k = 0; k < VEC; ++k)
-          out.v[k] = from_float<O>(to_float(xv[j].v[k]) * rstd * wj[k]);
+          out.v[k] = from_float<O>(
+              Row::y(to_float(xv[j].v[k]), wj[k], Row::kBias ? bj[k] : 0.f, st));
         yr[v] = out;
       }
     }
@@ -121,6 +152,8 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
         load_w(a.w, a.w_dtype, v, w_aligned, w[j]);
         add_offset(w[j], a.offset);
       }
+      if constexpr (Row::kBias)
+        if (v < nvec) load_b(v, b[j]);
     }
   }
 
@@ -143,9 +176,9 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
 
 // Any N, any alignment (VEC = 1 when needed): a block per row, a first pass
 // for the sum of squares and a second that re-reads the row (from L1/L2: a
-// resident block's row is at most a few hundred KiB) to write y.
-// ADD: the first pass writes h, the second reads it back (the same thread's
-// elements: from L1/L2).
+// resident block's row is at most a few hundred KiB) to write y. RMSNorm
+// only; ADD (AddRmsRow's streams): the first pass forms and writes h, the
+// second reads it back (the same thread's elements).
 template <typename X, typename O, int BLOCK, int VEC, bool ADD = false>
 __global__ void __launch_bounds__(BLOCK) fwd_looped(const FwdArgs a) {
   using XV = Vec<X, VEC>;
@@ -156,15 +189,15 @@ __global__ void __launch_bounds__(BLOCK) fwd_looped(const FwdArgs a) {
   const bool w_aligned = aligned16(a.w);
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const XV* xr = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n);
-    const XV* rr = reinterpret_cast<const XV*>(static_cast<const X*>(a.residual) + row * n);
+    const XV* er = reinterpret_cast<const XV*>(static_cast<const X*>(a.residual) + row * n);
     XV* hr = reinterpret_cast<XV*>(static_cast<X*>(a.h) + row * n);
     float2 sums = make_float2(0.f, 0.f);
     for (int v = threadIdx.x; v < nvec; v += BLOCK) {
       XV xv = xr[v];
       if constexpr (ADD) {
-        const XV rv = rr[v];
+        const XV ev = er[v];
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) xv.v[k] = add_round(xv.v[k], rv.v[k]);
+        for (int k = 0; k < VEC; ++k) xv.v[k] = AddRmsRow::row_in(xv.v[k], ev.v[k]);
         hr[v] = xv;
       }
 #pragma unroll

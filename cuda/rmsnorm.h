@@ -39,6 +39,10 @@ struct FwdArgs {
   int n;
   float eps;
   DType x_dtype, w_dtype, y_dtype;
+  // LayerNorm only (row_math.cuh LayerRow): y += b; n, dtype b_dtype, or
+  // nullptr (no bias). Appended so that the RMSNorm kernels keep their layout.
+  const void* b;
+  DType b_dtype;
   // Fused residual add (add_rms_norm): with `residual` set, the row normed is
   // h = x + residual rounded to x_dtype, and h is written too.
   const void* residual = nullptr;  // rows x n, x_dtype
@@ -63,6 +67,10 @@ struct BwdArgs {
   float eps;
   DType x_dtype, w_dtype, g_dtype;
   int partial_rows;  // rows of `partials` that the gw column sum adds up
+  // LayerNorm only: gb (n, b_dtype), or nullptr (no bias, or frozen). Its
+  // partials follow gw's in the scratch: partials + partial_rows * n.
+  void* gb;
+  DType b_dtype;
   // Fused residual add's backward: x is the forward's h, and gx = gh + the
   // norm's gradient (gh: rows x n in x_dtype, the cotangent of h). Only the
   // persistent and split plans take it.

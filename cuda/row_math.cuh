@@ -1,0 +1,195 @@
+// Row-math policies of the shared row walks: fwd_rows (forward.cuh) and
+// persistent_walk (backward.cuh) stage, reduce and write rows the same way
+// for every norm; a policy supplies only what differs between norms.
+//
+// Interface of a policy (all static, all __device__ unless said):
+//
+//   Forward
+//     kFwdPasses          reductions over the row in registers before y (1 or 2)
+//     FwdStats            the row statistics they produce
+//     fwd_add<P>(s, x, st)    adds one element's terms to pass P's float2 sums
+//                             (st holds what passes < P finished)
+//     fwd_finish<P>(s, n, eps, st)   pass P's group-summed sums -> st
+//     kBias               y adds a bias vector (FwdArgs::b; absent: nullptr)
+//     y(x, w, b, st)      one output element (w = 1, b = 0 when absent)
+//
+//   Backward
+//     kPasses             reductions over the staged row before gx (1 or 2)
+//     Stats, add<P>, finish<P>   as above, with (x, g, w) per element
+//     gx(x, g, w, st)     one gradient element
+//     kPartials           fp32 column partials per column (gw; LayerNorm: gw, gb)
+//     partial(p, x, g, st)    the term one element adds to column partial p
+//     wants(a, p)         (host args) whether partial p is wanted at all: an
+//                         unwanted one is never stored nor summed
+//
+//   Streams (for ops that carry more than x and g / y)
+//     kExtraIn, kExtraOut streamed inputs beside x (forward) or x and g
+//                         (backward), and outputs beside y or gx. A fused
+//                         residual add sets them to 1 (AddRmsRow): forward
+//                         reads FwdArgs::residual and writes FwdArgs::h beside
+//                         y, the row value being row_in(x, residual); backward
+//                         stages BwdArgs::gh beside x and g (a third operand
+//                         of each stage) and writes gx_out(gx, g_h). The walks
+//                         take kExtraIn == kExtraOut, 0 or 1.
+//
+// Every sum is over fp32 terms in a fixed order (group_sum, colsum): bitwise
+// deterministic. A policy's formulas are the one place its math lives; the
+// CPU path (eval_cpu.cpp) and reference.cpp write the same formulas.
+#pragma once
+
+#include "common.cuh"
+
+namespace rmsnorm {
+
+// RMSNorm: r = rsqrt(mean(x^2) + eps), y = x r w;
+// gx = r (g w) - x (mean(g w x) r^3), gw = sum_rows g x r.
+struct RmsRow {
+  static constexpr int kExtraIn = 0, kExtraOut = 0;
+
+  // Forward: one pass, sum x^2 (the float2's second half rides along unused:
+  // the block reduction is shared with the backward's two sums).
+  static constexpr int kFwdPasses = 1;
+  static constexpr bool kBias = false;
+  struct FwdStats {
+    float rstd;
+  };
+  template <int P>
+  __device__ __forceinline__ static void fwd_add(float2& s, float x, const FwdStats&) {
+    s.x += x * x;
+  }
+  template <int P>
+  __device__ __forceinline__ static void fwd_finish(float2 s, int n, float eps,
+                                                    FwdStats& st) {
+    st.rstd = rsqrtf(s.x / n + eps);
+  }
+  __device__ __forceinline__ static float y(float x, float w, float, const FwdStats& st) {
+    return x * st.rstd * w;
+  }
+
+  // Backward: one pass, (sum x^2, sum g w x).
+  static constexpr int kPasses = 1;
+  static constexpr int kPartials = 1;  // gw
+  struct Stats {
+    float rstd, c;  // c = mean(g w x) r^3
+  };
+  template <int P>
+  __device__ __forceinline__ static void add(float2& s, float x, float g, float w,
+                                             const Stats&) {
+    s.x += x * x;
+    s.y += g * w * x;
+  }
+  template <int P>
+  __device__ __forceinline__ static void finish(float2 s, int n, float eps, Stats& st) {
+    st.rstd = rsqrtf(s.x / n + eps);
+    st.c = s.y / n * st.rstd * st.rstd * st.rstd;
+  }
+  __device__ __forceinline__ static float gx(float x, float g, float w, const Stats& st) {
+    return st.rstd * w * g - x * st.c;
+  }
+  __device__ __forceinline__ static float partial(int, float x, float g, const Stats& st) {
+    return g * x * st.rstd;
+  }
+  __device__ __forceinline__ static bool wants(const BwdArgs& a, int) {
+    return a.gw != nullptr;
+  }
+};
+
+// LayerNorm: mu = mean(x), r = rsqrt(mean((x - mu)^2) + eps),
+// xh = (x - mu) r, y = xh w + b;
+// gx = r (g w - mean(g w) - xh mean(g w xh)), gw = sum_rows g xh,
+// gb = sum_rows g.
+// Two passes in both directions: the mean first, then the centred sums. The
+// row is in registers (forward) or shared memory (backward) already, so the
+// second pass costs a reduction, not a read, and the variance does not lose
+// its digits to cancellation as sum x^2 - n mu^2 would for rows whose mean is
+// large against their spread.
+struct LayerRow {
+  static constexpr int kExtraIn = 0, kExtraOut = 0;
+
+  static constexpr int kFwdPasses = 2;
+  static constexpr bool kBias = true;
+  struct FwdStats {
+    float mean, rstd;
+  };
+  template <int P>
+  __device__ __forceinline__ static void fwd_add(float2& s, float x, const FwdStats& st) {
+    if constexpr (P == 0) {
+      s.x += x;
+    } else {
+      const float d = x - st.mean;
+      s.x += d * d;
+    }
+  }
+  template <int P>
+  __device__ __forceinline__ static void fwd_finish(float2 s, int n, float eps,
+                                                    FwdStats& st) {
+    if constexpr (P == 0) {
+      st.mean = s.x / n;
+    } else {
+      st.rstd = rsqrtf(s.x / n + eps);
+    }
+  }
+  __device__ __forceinline__ static float y(float x, float w, float b, const FwdStats& st) {
+    return (x - st.mean) * st.rstd * w + b;
+  }
+
+  static constexpr int kPasses = 2;
+  static constexpr int kPartials = 2;  // gw, gb
+  struct Stats {
+    float mean, mgw;  // pass 0: mean(x), mean(g w)
+    float rstd, c;    // pass 1: r, c = mean(g w xh)
+  };
+  template <int P>
+  __device__ __forceinline__ static void add(float2& s, float x, float g, float w,
+                                             const Stats& st) {
+    if constexpr (P == 0) {
+      s.x += x;
+      s.y += g * w;
+    } else {
+      const float d = x - st.mean;
+      s.x += d * d;
+      s.y += g * w * d;
+    }
+  }
+  template <int P>
+  __device__ __forceinline__ static void finish(float2 s, int n, float eps, Stats& st) {
+    if constexpr (P == 0) {
+      st.mean = s.x / n;
+      st.mgw = s.y / n;
+    } else {
+      st.rstd = rsqrtf(s.x / n + eps);
+      st.c = s.y / n * st.rstd;  // mean(g w (x - mu)) r = mean(g w xh)
+    }
+  }
+  __device__ __forceinline__ static float gx(float x, float g, float w, const Stats& st) {
+    const float xh = (x - st.mean) * st.rstd;
+    return st.rstd * (g * w - st.mgw - xh * st.c);
+  }
+  __device__ __forceinline__ static float partial(int p, float x, float g, const Stats& st) {
+    return p == 0 ? g * ((x - st.mean) * st.rstd) : g;
+  }
+  __device__ __forceinline__ static bool wants(const BwdArgs& a, int p) {
+    return p == 0 ? a.gw != nullptr : a.gb != nullptr;
+  }
+};
+
+// RMSNorm of a fused residual add (add_rms_norm): RmsRow's math on the row
+// h = x + residual, with one extra stream each way.
+//   Forward: reads the residual beside x; the row value is h, rounded to x's
+//   dtype exactly as an unfused add stores it (row_in), and h is written
+//   beside y (the walk writes the row value itself).
+//   Backward: x is the forward's h; reads g_h (the cotangent of h, x's dtype)
+//   beside x and g and adds it to the norm's gradient before the one rounding
+//   (gx_out): gx = g_h + d(norm)/dh, the gradient of x and residual alike.
+// The sums, partials (gw) and the scale offset + w are RmsRow's.
+struct AddRmsRow : RmsRow {
+  static constexpr int kExtraIn = 1, kExtraOut = 1;
+
+  template <typename X>
+  __device__ __forceinline__ static X row_in(X x, X residual) {
+    return add_round(x, residual);
+  }
+  __device__ __forceinline__ static float gx_out(float gx, float g_h) { return gx + g_h; }
+};
+
+}  // namespace rmsnorm
