@@ -122,6 +122,26 @@ def test_many_rows(device, dtype, n):
     check(random((600, n), t, 10), random((600, n), t, 11), random((n,), t, 12, 0.5, 1.0), EPS, device)
 
 
+@pytest.mark.parametrize(
+    "shape,x_dtype,w_dtype",
+    [((3, 16384), "bfloat16", "bfloat16"),  # the last persistent row (bulk copies)
+     ((3, 16384), "bfloat16", "float32"),  # fp32 g: the stages no longer fit, split plan
+     ((2, 40000), "bfloat16", "bfloat16"),  # past every table: looped forward, split backward
+     ((2, 1000), "float16", "float16"),
+     ((9, 136), "bfloat16", "bfloat16")],
+)
+def test_long_and_planless_rows(device, shape, x_dtype, w_dtype):
+    x, r = random(shape, DTYPES[x_dtype], 60), random(shape, DTYPES[x_dtype], 61)
+    check(x, r, random(shape[-1:], DTYPES[w_dtype], 62, 0.5, 1.0), EPS, device, offset=0.5)
+
+
+def test_misaligned_views(device):
+    # views starting one element in: not 16-byte aligned
+    base = random((4, 1025), mx.bfloat16, 63)
+    x, r = base[:, 1:], random((4, 1025), mx.bfloat16, 64)[:, 1:]
+    check(x, r, random((1024,), mx.bfloat16, 65, 0.5, 1.0), EPS, device)
+
+
 def unfused(x, r, w, eps, offset=0.0):
     h = x + r
     if w is None:
