@@ -1,5 +1,7 @@
 // Backward planner: picks the kernels from the family's plans::kBackward* table and sizes grids
 // and scratch. Kernel bodies live in backward.cuh and colsum.cuh.
+#include <type_traits>
+
 #include "backward.cuh"
 #include "colsum.cuh"
 #include "dispatch.cuh"
@@ -11,32 +13,40 @@ namespace {
 using detail::ceil_div;
 using detail::make_call;
 
-// The persistent kernel of row `row` of a family's table.
-template <typename X, typename G, const auto& Table, std::size_t... I>
+// The persistent kernel of row `row` of a family's table. ADD: the fused
+// residual add's backward (BwdArgs::gh set: the AddRmsRow policy of the same
+// walk) on the same row (plans.h).
+template <typename X, typename G, bool ADD, const auto& Table, std::size_t... I>
 const void* persistent_kernel(int row, std::index_sequence<I...>) {
   static_assert(((Table[I].cluster == 1) && ...),
                 "no cluster rows through MLX (plans.h says why)");
   static const void* const kernels[] = {
       persistent_kernel_for<X, G, Table[I].block, Table[I].group, Table[I].chunks,
-                            Table[I].stages, Table[I].bulk, 1>()...};
+                            Table[I].stages, Table[I].bulk, 1,
+                            std::conditional_t<ADD, AddRmsRow, RmsRow>>()...};
   return kernels[row];
 }
 
 // The row of `Table` for rows of nvec vectors, and its kernel; nulls when the
 // row is longer than the table goes.
-template <typename X, typename G, const auto& Table>
+template <typename X, typename G, bool ADD, const auto& Table>
 std::pair<const plans::RowPlan*, const void*> row_of(int nvec) {
   const int row = detail::table_row(Table, nvec);
   if (row < 0) return {nullptr, nullptr};
-  return {&Table[row], persistent_kernel<X, G, Table>(
+  return {&Table[row], persistent_kernel<X, G, ADD, Table>(
                            row, std::make_index_sequence<std::size(Table)>{})};
 }
 
 // The family's table (plans.h): families 80 and 75 share one.
 template <typename X, typename G>
-std::pair<const plans::RowPlan*, const void*> persistent_row(int family, int nvec) {
-  return family >= 90 ? row_of<X, G, plans::kBackwardSm90>(nvec)
-                      : row_of<X, G, plans::kBackwardSm80>(nvec);
+std::pair<const plans::RowPlan*, const void*> persistent_row(int family, int nvec,
+                                                             bool add) {
+  if (add) {
+    return family >= 90 ? row_of<X, G, true, plans::kBackwardSm90>(nvec)
+                        : row_of<X, G, true, plans::kBackwardSm80>(nvec);
+  }
+  return family >= 90 ? row_of<X, G, false, plans::kBackwardSm90>(nvec)
+                      : row_of<X, G, false, plans::kBackwardSm80>(nvec);
 }
 
 // A colsum launch over n columns and `slices` row slices (grid.y), with
@@ -62,11 +72,13 @@ bool plan_persistent(const BwdArgs& a, int vec, Plan& p) {
   const int nvec = a.n / full;
   if (vec != full) return false;
   const detail::Target& target = detail::target();
-  const auto [cfg, fn] = persistent_row<X, G>(target.family, nvec);
+  const bool add = a.gh != nullptr;
+  const auto [cfg, fn] = persistent_row<X, G>(target.family, nvec, add);
   if (cfg == nullptr) return false;
   const int rows_per_step = cfg->block / cfg->group;
-  const std::size_t smem =
-      plans::persistent_smem(*cfg, nvec, static_cast<int>(sizeof(G) / sizeof(X)));
+  // The fused add stages gh (x-sized) beside g: one more x-width of operand.
+  const std::size_t smem = plans::persistent_smem(
+      *cfg, nvec, static_cast<int>(sizeof(G) / sizeof(X)) + (add ? 1 : 0));
   // 0 where the row's stages do not fit this GPU's shared memory: split.
   const int occupancy = detail::blocks_per_sm(fn, cfg->block, smem);
   if (occupancy == 0) return false;
@@ -144,7 +156,9 @@ void plan_naive(const BwdArgs& a, Plan& p) {
 Plan plan_backward(const BwdArgs& a, Algorithm algorithm) {
   Plan p;
   if (a.n == 0) return p;  // empty rows: nothing to read or write
-  const int vec = vector_width(a.x_dtype, a.n, {a.x, a.g, a.gx});
+  const int vec = vector_width(a.x_dtype, a.n, {a.x, a.g, a.gx, a.gh});
+  if (a.gh != nullptr && algorithm == Algorithm::Naive)
+    throw std::invalid_argument("rmsnorm: the fused add's backward has no naive plan");
   detail::with_types(a.x_dtype, a.g_dtype, [&](auto tx, auto tg) {
     using X = typename decltype(tx)::type;
     using G = typename decltype(tg)::type;

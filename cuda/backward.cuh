@@ -44,8 +44,12 @@ namespace rmsnorm {
 template <typename Row, typename X, typename G, int BLOCK, int GROUP, int CHUNKS,
           int STAGES, bool BULK, int CLUSTER>
 __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
-  static_assert(Row::kExtraIn == 0 && Row::kExtraOut == 0,
-                "extra streams: stage them beside g (stage_bytes, prefetch)");
+  // Extra streams (AddRmsRow): g_h (x's dtype) is a third operand of every
+  // stage, after g, moved the same way as x and g (bulk or per thread), and
+  // gx leaves as Row::gx_out(gx, g_h).
+  static_assert(Row::kExtraIn == Row::kExtraOut && Row::kExtraIn <= 1,
+                "one extra stream each way, or none");
+  constexpr bool kExtra = Row::kExtraIn == 1;
   constexpr int P = Row::kPartials;
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ROWS = BLOCK / GROUP;
@@ -65,18 +69,25 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   const int v0 = rank * per_rank;
   const int nvec = max(0, min(n / VEC - v0, per_rank));
 
-  // Stage s: ROWS rows of x (nvec vectors each), then ROWS rows of g.
+  // Stage s: ROWS rows of x (nvec vectors each), then ROWS rows of g, then
+  // (kExtra) ROWS rows of g_h.
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ float2 red[32];
   __shared__ unsigned long long landed[STAGES];  // kBulk: one mbarrier a stage
   __shared__ float2 slice_sums[2];  // CLUSTER: this block's sums, by step parity
-  const size_t stage_bytes = (size_t)ROWS * nvec * (sizeof(XV) + sizeof(GV));
+  const size_t stage_bytes =
+      (size_t)ROWS * nvec * (sizeof(XV) + sizeof(GV) + (kExtra ? sizeof(XV) : 0));
   auto stage_x = [&](int s, int row) {
     return reinterpret_cast<XV*>(smem + s * stage_bytes) + (size_t)row * nvec;
   };
   auto stage_g = [&](int s, int row) {
     return reinterpret_cast<GV*>(smem + s * stage_bytes +
                                  (size_t)ROWS * nvec * sizeof(XV)) +
+           (size_t)row * nvec;
+  };
+  auto stage_e = [&](int s, int row) {  // kExtra: g_h
+    return reinterpret_cast<XV*>(smem + s * stage_bytes +
+                                 (size_t)ROWS * nvec * (sizeof(XV) + sizeof(GV))) +
            (size_t)row * nvec;
   };
 
@@ -89,6 +100,7 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   const X* x = static_cast<const X*>(a.x) + (size_t)v0 * VEC;
   const G* g = static_cast<const G*>(a.g) + (size_t)v0 * VEC;
   X* gx = static_cast<X*>(a.gx) + (size_t)v0 * VEC;
+  const X* e = kExtra ? static_cast<const X*>(a.gh) + (size_t)v0 * VEC : nullptr;
 
   // Starts the copies of step `step` into its stage (step < steps).
   auto prefetch = [&](int64_t step) {
@@ -100,20 +112,23 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
       const int64_t count = min((int64_t)ROWS, a.rows - first);
       const unsigned bytes_x = count * nvec * sizeof(XV);
       const unsigned bytes_g = count * nvec * sizeof(GV);
-      bulk_expect(&landed[s], bytes_x + bytes_g);
+      bulk_expect(&landed[s], bytes_x + bytes_g + (kExtra ? bytes_x : 0));
       bulk_copy(stage_x(s, 0), x + first * n, bytes_x, &landed[s]);
       bulk_copy(stage_g(s, 0), g + first * n, bytes_g, &landed[s]);
+      if constexpr (kExtra) bulk_copy(stage_e(s, 0), e + first * n, bytes_x, &landed[s]);
     } else {
       const int64_t row = first + r;
       if (row >= a.rows) return;
       const XV* xr = reinterpret_cast<const XV*>(x + row * n);
       const GV* gr = reinterpret_cast<const GV*>(g + row * n);
+      const XV* er = reinterpret_cast<const XV*>(e + row * n);  // kExtra
 #pragma unroll
       for (int j = 0; j < CHUNKS; ++j) {
         int v = j * GROUP + lane;
         if (v < nvec) {
           copy_async(&stage_x(s, r)[v], &xr[v]);
           copy_async(&stage_g(s, r)[v], &gr[v]);
+          if constexpr (kExtra) copy_async(&stage_e(s, r)[v], &er[v]);
         }
       }
     }
@@ -142,6 +157,7 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
     int v = j * GROUP + lane;
     if (v < nvec) {
       load_w(a.w, a.w_dtype, v0 + v, aligned16(a.w), w[j]);
+      add_offset(w[j], a.offset);  // the scale offset + w (Gemma), fp32
     } else {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) w[j][k] = 0.f;
@@ -210,12 +226,16 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
         if (v < nvec) {
           XV xv = sx[v];
           GV gv = sg[v];
+          XV ev;  // kExtra: g_h
+          if constexpr (kExtra) ev = stage_e(s, r)[v];
           XV out;
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
             float xf = to_float(xv.v[k]);
             float gf = to_float(gv.v[k]);
-            out.v[k] = from_float<X>(Row::gx(xf, gf, w[j][k], st));
+            float o = Row::gx(xf, gf, w[j][k], st);
+            if constexpr (kExtra) o = Row::gx_out(o, to_float(ev.v[k]));
+            out.v[k] = from_float<X>(o);
 #pragma unroll
             for (int p = 0; p < P; ++p) acc[p][j][k] += Row::partial(p, xf, gf, st);
           }
@@ -321,6 +341,7 @@ __device__ __forceinline__ float2 row_sums(const BwdArgs& a, int64_t row,
     GV gv = gr[v];
     float wv[VEC];
     load_w(a.w, a.w_dtype, v, w_aligned, wv);
+    add_offset(wv, a.offset);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) {
       float xf = to_float(xv.v[k]);
@@ -362,18 +383,25 @@ __global__ void __launch_bounds__(256) bwd_split_cols(const BwdArgs a) {
   const int64_t end = min(a.rows, begin + per_split);
 
   float w[VEC] = {}, acc[VEC] = {};
+  // g_h (add_rms_norm's backward, AddRmsRow's stream): added into gx.
+  const X* gh = static_cast<const X*>(a.gh);
   if (v < nvec) {
     load_w(a.w, a.w_dtype, v, aligned16(a.w), w);
+    add_offset(w, a.offset);
     for (int64_t row = begin + threadIdx.y; row < end; row += 8) {
       XV xv = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n)[v];
       GV gv = reinterpret_cast<const GV*>(static_cast<const G*>(a.g) + row * n)[v];
       float rstd = a.row_stats[2 * row], c = a.row_stats[2 * row + 1];
+      XV hv{};
+      if (gh != nullptr) hv = reinterpret_cast<const XV*>(gh + row * n)[v];
       XV out;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         float xf = to_float(xv.v[k]);
         float gf = to_float(gv.v[k]);
-        out.v[k] = from_float<X>(rstd * w[k] * gf - xf * c);
+        float o = rstd * w[k] * gf - xf * c;
+        if (gh != nullptr) o = AddRmsRow::gx_out(o, to_float(hv.v[k]));
+        out.v[k] = from_float<X>(o);
         acc[k] += gf * xf * rstd;
       }
       reinterpret_cast<XV*>(static_cast<X*>(a.gx) + row * n)[v] = out;
@@ -419,6 +447,7 @@ __global__ void __launch_bounds__(BLOCK) bwd_naive_rows(const BwdArgs a) {
       GV gv = gr[v];
       float wv[VEC];
       load_w(a.w, a.w_dtype, v, w_aligned, wv);
+      add_offset(wv, a.offset);
       XV out, part;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {

@@ -136,6 +136,22 @@ __device__ __forceinline__ void load_w(const void* w, DType t, int64_t v,
   }
 }
 
+// The scale offset + w in fp32 (Gemma's 1 + w, which rounded to a bf16
+// weight first loses up to half a bf16 ulp of the scale), added once to a
+// weight vector that load_w has read.
+template <int VEC>
+__device__ __forceinline__ void add_offset(float (&w)[VEC], float offset) {
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) w[k] += offset;
+}
+
+// x + r rounded to T: the residual add's h, exactly as an unfused add
+// stores it (the fp32 sum of two 16-bit values, rounded once).
+template <typename T>
+__device__ __forceinline__ T add_round(T x, T r) {
+  return from_float<T>(to_float(x) + to_float(r));
+}
+
 // Copy one Vec global -> shared without staging through registers where the
 // hardware can (sm_80 on: 4, 8 or 16-byte pieces). Narrower vectors, and
 // sm_75, which has no cp.async, take a plain vectorized load and store: still

@@ -1,6 +1,7 @@
 // Forward planner: a row-in-registers kernel from plans::kForward, or the
 // looped kernel for rows past the table or not 16-byte friendly.
 #include <limits>
+#include <type_traits>
 
 #include "dispatch.cuh"
 #include "forward.cuh"
@@ -11,23 +12,29 @@ namespace {
 
 using plans::kForward;
 
+// ADD: the fused residual add (FwdArgs::residual set; the AddRmsRow policy
+// of the same kernel) runs the same table rows: its row lives in registers
+// exactly as x does (h replaces x after the add), and the extra read and
+// write only scale the traffic that the rows were sized for. Not separately
+// tuned (no GPU time for it).
 // W_FIRST: the weight goes into registers while x is in flight (the
 // persistent rows' way) even where the table reads it after the reduction;
 // not in 1024-thread blocks, whose 64 registers a thread cannot hold it
 // (ptxas spills).
-template <typename X, typename O, bool W_FIRST, std::size_t... I>
+template <typename X, typename O, bool ADD, bool W_FIRST, std::size_t... I>
 const void* rows_kernel(int row, std::index_sequence<I...>) {
   static const void* const kernels[] = {reinterpret_cast<const void*>(
       &fwd_rows<X, O, kForward[I].block, kForward[I].group,
                 kForward[I].chunks, kForward[I].stages,
-                kForward[I].persistent || (W_FIRST && kForward[I].block <= 512)>)...};
+                kForward[I].persistent || (W_FIRST && kForward[I].block <= 512),
+                std::conditional_t<ADD, AddRmsRow, RmsRow>>)...};
   return kernels[row];
 }
 
-template <typename X, typename O, int VEC>
+template <typename X, typename O, int VEC, bool ADD>
 void plan_looped(const FwdArgs& a, Plan& p) {
   const void* fn =
-      reinterpret_cast<const void*>(&fwd_looped<X, O, plans::kLoopedBlock, VEC>);
+      reinterpret_cast<const void*>(&fwd_looped<X, O, plans::kLoopedBlock, VEC, ADD>);
   const int occ = detail::blocks_per_sm(fn, plans::kLoopedBlock, 0);
   const int64_t grid =
       std::min<int64_t>(a.rows, int64_t(detail::sm_count()) * std::max(occ, 1));
@@ -40,14 +47,19 @@ void plan_looped(const FwdArgs& a, Plan& p) {
 Plan plan_forward(const FwdArgs& a) {
   Plan p;
   if (a.n == 0 || a.rows == 0) return p;
-  const int vec = vector_width(a.x_dtype, a.n, {a.x, a.y});
+  const int vec = vector_width(a.x_dtype, a.n, {a.x, a.y, a.residual, a.h});
   detail::with_types(a.x_dtype, a.y_dtype, [&](auto tx, auto to) {
     using X = typename decltype(tx)::type;
     using O = typename decltype(to)::type;
     constexpr int full = 16 / sizeof(X);
+    const bool add = a.residual != nullptr;
     const int row = detail::table_row(kForward, a.n / full);
-    if (vec != full) return plan_looped<X, O, 1>(a, p);
-    if (row < 0) return plan_looped<X, O, full>(a, p);
+    auto looped = [&](auto v) {
+      constexpr int kVec = decltype(v)::value;
+      return add ? plan_looped<X, O, kVec, true>(a, p) : plan_looped<X, O, kVec, false>(a, p);
+    };
+    if (vec != full) return looped(std::integral_constant<int, 1>{});
+    if (row < 0) return looped(std::integral_constant<int, full>{});
     const auto& cfg = kForward[row];
     const int rows_per_step = cfg.block / cfg.group;
     const int64_t steps = detail::ceil_div(a.rows, rows_per_step);
@@ -55,11 +67,13 @@ Plan plan_forward(const FwdArgs& a) {
     // round trip long, and reading w after the reduction made it two: ncu
     // on the H200, 1 x 4096 bf16, 4.5-5.6 us against the built-in's 4.0-4.8
     // (which loads w beside x). Many rows hide that latency behind other
-    // blocks' loads, and there the table's low-register kernel wins.
+    // blocks' loads, and there the table's low-register kernel wins. (The
+    // fused add keeps the table's kernel: not measured with w first.)
     const bool one_wave = steps <= detail::sm_count();
-    const auto rows = std::make_index_sequence<std::size(kForward)>{};
-    const void* fn = one_wave ? rows_kernel<X, O, true>(row, rows)
-                              : rows_kernel<X, O, false>(row, rows);
+    constexpr auto rows = std::make_index_sequence<std::size(kForward)>{};
+    const void* fn = add        ? rows_kernel<X, O, true, false>(row, rows)
+                     : one_wave ? rows_kernel<X, O, false, true>(row, rows)
+                                : rows_kernel<X, O, false, false>(row, rows);
     // (the kernel strides over rows, so any grid covers them all)
     int64_t grid = std::min<int64_t>(steps, std::numeric_limits<int32_t>::max());
     if (cfg.persistent) {

@@ -28,8 +28,12 @@ template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool PERSISTENT, typename Row = RmsRow>
 __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
   static_assert(STAGES == 1 || STAGES == 2, "one row, or one more loading");
-  static_assert(Row::kExtraIn == 0 && Row::kExtraOut == 0,
-                "extra streams: load them beside x (load) and write beside y");
+  // Extra streams (AddRmsRow): the residual is loaded beside x, the row
+  // value row_in(x, residual) replaces x in registers, and it is written to
+  // FwdArgs::h beside y.
+  static_assert(Row::kExtraIn == Row::kExtraOut && Row::kExtraIn <= 1,
+                "one extra stream each way, or none");
+  constexpr bool kExtra = Row::kExtraIn == 1;
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ROWS = BLOCK / GROUP;
   constexpr int W_REGS = PERSISTENT ? CHUNKS : 1;  // fp32 w kept for the walk
@@ -49,10 +53,30 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
     const int64_t row = base + r;
     if (row >= a.rows) return;
     const XV* xr = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n);
+    if constexpr (kExtra) {
+      // Every load of both operands is issued before the first use.
+      const XV* er =
+          reinterpret_cast<const XV*>(static_cast<const X*>(a.residual) + row * n);
+      XV ev[CHUNKS];
 #pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) {
-      int v = j * GROUP + lane;
-      if (v < nvec) xv[j] = xr[v];
+      for (int j = 0; j < CHUNKS; ++j) {
+        int v = j * GROUP + lane;
+        if (v < nvec) {
+          xv[j] = xr[v];
+          ev[j] = er[v];
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < CHUNKS; ++j) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) xv[j].v[k] = Row::row_in(xv[j].v[k], ev[j].v[k]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < CHUNKS; ++j) {
+        int v = j * GROUP + lane;
+        if (v < nvec) xv[j] = xr[v];
+      }
     }
   };
   float w[W_REGS][VEC];
@@ -93,13 +117,18 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
     if constexpr (Row::kFwdPasses > 1) pass(std::integral_constant<int, 1>{});
     if (!valid) return;
     OV* yr = reinterpret_cast<OV*>(static_cast<O*>(a.y) + row * n);
+    XV* hr = reinterpret_cast<XV*>(static_cast<X*>(a.h) + row * n);  // kExtra
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
       int v = j * GROUP + lane;
       if (v < nvec) {
+        if constexpr (kExtra) hr[v] = xv[j];  // the row value: h
         float(&wj)[VEC] = w[PERSISTENT ? j : 0];
         float(&bj)[VEC] = b[PERSISTENT && Row::kBias ? j : 0];
-        if constexpr (!PERSISTENT) load_w(a.w, a.w_dtype, v, w_aligned, wj);
+        if constexpr (!PERSISTENT) {
+          load_w(a.w, a.w_dtype, v, w_aligned, wj);
+          add_offset(wj, a.offset);
+        }
         if constexpr (!PERSISTENT && Row::kBias) load_b(v, bj);
         OV out;
 #pragma unroll
@@ -119,7 +148,10 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
       int v = j * GROUP + lane;
-      if (v < nvec) load_w(a.w, a.w_dtype, v, w_aligned, w[j]);
+      if (v < nvec) {
+        load_w(a.w, a.w_dtype, v, w_aligned, w[j]);
+        add_offset(w[j], a.offset);
+      }
       if constexpr (Row::kBias)
         if (v < nvec) load_b(v, b[j]);
     }
@@ -144,8 +176,10 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
 
 // Any N, any alignment (VEC = 1 when needed): a block per row, a first pass
 // for the sum of squares and a second that re-reads the row (from L1/L2: a
-// resident block's row is at most a few hundred KiB) to write y.
-template <typename X, typename O, int BLOCK, int VEC>
+// resident block's row is at most a few hundred KiB) to write y. RMSNorm
+// only; ADD (AddRmsRow's streams): the first pass forms and writes h, the
+// second reads it back (the same thread's elements).
+template <typename X, typename O, int BLOCK, int VEC, bool ADD = false>
 __global__ void __launch_bounds__(BLOCK) fwd_looped(const FwdArgs a) {
   using XV = Vec<X, VEC>;
   using OV = Vec<O, VEC>;
@@ -155,9 +189,17 @@ __global__ void __launch_bounds__(BLOCK) fwd_looped(const FwdArgs a) {
   const bool w_aligned = aligned16(a.w);
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const XV* xr = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n);
+    const XV* er = reinterpret_cast<const XV*>(static_cast<const X*>(a.residual) + row * n);
+    XV* hr = reinterpret_cast<XV*>(static_cast<X*>(a.h) + row * n);
     float2 sums = make_float2(0.f, 0.f);
     for (int v = threadIdx.x; v < nvec; v += BLOCK) {
       XV xv = xr[v];
+      if constexpr (ADD) {
+        const XV ev = er[v];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) xv.v[k] = AddRmsRow::row_in(xv.v[k], ev.v[k]);
+        hr[v] = xv;
+      }
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         float xf = to_float(xv.v[k]);
@@ -168,9 +210,15 @@ __global__ void __launch_bounds__(BLOCK) fwd_looped(const FwdArgs a) {
     const float rstd = rsqrtf(sums.x / n + a.eps);
     OV* yr = reinterpret_cast<OV*>(static_cast<O*>(a.y) + row * n);
     for (int v = threadIdx.x; v < nvec; v += BLOCK) {
-      XV xv = xr[v];
+      XV xv;
+      if constexpr (ADD) {
+        xv = hr[v];
+      } else {
+        xv = xr[v];
+      }
       float wv[VEC];
       load_w(a.w, a.w_dtype, v, w_aligned, wv);
+      add_offset(wv, a.offset);
       OV out;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) out.v[k] = from_float<O>(to_float(xv.v[k]) * rstd * wv[k]);

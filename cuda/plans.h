@@ -192,6 +192,17 @@ inline constexpr RowPlan kLayerBackwardSm80[] = {
 };
 inline constexpr const RowPlan (&kLayerForward)[std::size(kForward)] = kForward;
 
+// The fused residual add (add_rms_norm) runs the rows above, forward and
+// backward, rather than tables of its own: its row is the norm's row (h takes
+// x's place in registers or in the stages), so the table's bounds (register
+// budget, row split) hold unchanged, and its extra operands (residual and h in
+// the forward, gh in the backward) add bytes per row in the same proportion at
+// every N, which the rows were chosen to keep in flight. In the backward gh
+// takes one more x-sized slot per stage (persistent_smem's g_per_x + 1): where
+// that no longer fits a block (N = 16384 with fp32 g) the split plan takes the
+// row, as for the plain norm past the table. Not re-tuned: no GPU time was
+// left for a tuner run (docs/fused-add.md has the measurements there are).
+
 // Fallbacks (any N, any alignment; VEC = 1 when N or a pointer is not 16-byte
 // friendly).
 inline constexpr int kLoopedBlock = 512;  // forward, a block per row, 2 reads

@@ -30,7 +30,7 @@ const char* dtype_name(DType t);
 enum class Algorithm : int { Auto = 0, Persistent = 1, Split = 2, Naive = 3 };
 const char* algorithm_name(Algorithm a);
 
-// y = x * rsqrt(mean(x^2) + eps) * w, over rows of length n.
+// y = x * rsqrt(mean(x^2) + eps) * (offset + w), over rows of length n.
 struct FwdArgs {
   const void* x;  // rows x n, dtype x_dtype
   const void* w;  // n, dtype w_dtype, or nullptr
@@ -43,6 +43,11 @@ struct FwdArgs {
   // nullptr (no bias). Appended so that the RMSNorm kernels keep their layout.
   const void* b;
   DType b_dtype;
+  // Fused residual add (add_rms_norm): with `residual` set, the row normed is
+  // h = x + residual rounded to x_dtype, and h is written too.
+  const void* residual = nullptr;  // rows x n, x_dtype
+  void* h = nullptr;               // rows x n, x_dtype
+  float offset = 0.f;  // the scale is offset + w, formed in fp32 (Gemma: 1)
 };
 
 // gx, gw of y = rmsnorm(x) * w against the incoming gradient g.
@@ -66,6 +71,11 @@ struct BwdArgs {
   // partials follow gw's in the scratch: partials + partial_rows * n.
   void* gb;
   DType b_dtype;
+  // Fused residual add's backward: x is the forward's h, and gx = gh + the
+  // norm's gradient (gh: rows x n in x_dtype, the cotangent of h). Only the
+  // persistent and split plans take it.
+  const void* gh = nullptr;
+  float offset = 0.f;  // the scale is offset + w, formed in fp32 (Gemma: 1)
 };
 
 // out = x + g elementwise (dtype t): the copy-bandwidth ceiling of the

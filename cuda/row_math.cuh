@@ -25,11 +25,12 @@
 //   Streams (for ops that carry more than x and g / y)
 //     kExtraIn, kExtraOut streamed inputs beside x (forward) or x and g
 //                         (backward), and outputs beside y or gx. A fused
-//                         residual add sets them to 1: forward reads the
-//                         residual and writes h = x + residual beside y (the
-//                         row value the norm sees is h); backward reads g_h
-//                         and adds it to gx. The walks static_assert 0 today:
-//                         the staging of an extra stream goes where they say.
+//                         residual add sets them to 1 (AddRmsRow): forward
+//                         reads FwdArgs::residual and writes FwdArgs::h beside
+//                         y, the row value being row_in(x, residual); backward
+//                         stages BwdArgs::gh beside x and g (a third operand
+//                         of each stage) and writes gx_out(gx, g_h). The walks
+//                         take kExtraIn == kExtraOut, 0 or 1.
 //
 // Every sum is over fp32 terms in a fixed order (group_sum, colsum): bitwise
 // deterministic. A policy's formulas are the one place its math lives; the
@@ -170,6 +171,25 @@ struct LayerRow {
   __device__ __forceinline__ static bool wants(const BwdArgs& a, int p) {
     return p == 0 ? a.gw != nullptr : a.gb != nullptr;
   }
+};
+
+// RMSNorm of a fused residual add (add_rms_norm): RmsRow's math on the row
+// h = x + residual, with one extra stream each way.
+//   Forward: reads the residual beside x; the row value is h, rounded to x's
+//   dtype exactly as an unfused add stores it (row_in), and h is written
+//   beside y (the walk writes the row value itself).
+//   Backward: x is the forward's h; reads g_h (the cotangent of h, x's dtype)
+//   beside x and g and adds it to the norm's gradient before the one rounding
+//   (gx_out): gx = g_h + d(norm)/dh, the gradient of x and residual alike.
+// The sums, partials (gw) and the scale offset + w are RmsRow's.
+struct AddRmsRow : RmsRow {
+  static constexpr int kExtraIn = 1, kExtraOut = 1;
+
+  template <typename X>
+  __device__ __forceinline__ static X row_in(X x, X residual) {
+    return add_round(x, residual);
+  }
+  __device__ __forceinline__ static float gx_out(float gx, float g_h) { return gx + g_h; }
 };
 
 }  // namespace rmsnorm

@@ -1,6 +1,9 @@
 """Training-step benchmark: mlx-lm models trained with MLX's built-in
-mx.fast.rms_norm and with mlx_rmsnorm.patch(), in interleaved rounds in one
-process (built-in, plugin, built-in, plugin, ...).
+mx.fast.rms_norm, with mlx_rmsnorm.patch() and with patch(fuse=True) (the
+decoder blocks' residual add + norm as one add_rms_norm), in interleaved
+rounds in one process (built-in, plugin, fused, built-in, ...).
+--decode N also times text generation (N tokens, one eval per token, with a
+KV cache, as mlx-lm's generate) for the three.
 
     python examples/bench_train_step.py [--model qwen3-0.6b,llama-8b-slice]
         [--norms trained,frozen] [--rounds 6] [--steps-per-round 5]
@@ -80,7 +83,17 @@ QUICK_SHAPES = {
     "llama-8b-slice": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=160,
                            num_attention_heads=4, num_key_value_heads=2),
 }
-VARIANTS = (("mx.fast", False), ("mlx_rmsnorm", True))
+# (name, plugin, fuse)
+VARIANTS = (("mx.fast", False, False), ("mlx_rmsnorm", True, False),
+            ("fuse", True, True))
+
+
+def set_variant(plugin, fuse):
+    mlx_rmsnorm.unpatch()  # patch() alone would leave an earlier fuse on
+    if plugin:
+        mlx_rmsnorm.patch(fuse=fuse)
+
+
 # Models whose norms are LayerNorm (the rest are RMSNorm), and where their
 # token embedding sits (its update depends on the whole backward).
 LAYER_NORM_MODELS = {"gpt2-medium"}
@@ -138,20 +151,28 @@ def record_norm_calls(model, x):
 
 
 def plugin_nodes(arrays, layer=False):
-    """(forward, backward) plugin primitives in the graph that computes `arrays`."""
+    """(forward, backward) plugin primitives in the graph that computes
+    `arrays`; a fused add + norm counts as a norm."""
     counts = primitive_counts(*arrays)
     if layer:
         return counts["LayerNormPlugin"], counts["LayerNormPluginVJP"]
-    return counts["RMSNormPlugin"], counts["RMSNormPluginVJP"]
+    return (counts["RMSNormPlugin"] + counts["AddRMSNormPlugin"],
+            counts["RMSNormPluginVJP"] + counts["AddRMSNormPluginVJP"])
 
 
-def check_graph(model, plugin, n_norms, name=""):
+def check_graph(model, plugin, n_norms, name="", fuse=False):
     """After a step call, before its eval: the updated embedding depends on
-    the whole backward, so its graph holds every norm's forward and VJP."""
+    the whole backward, so its graph holds every norm's forward and VJP (with
+    fuse, one fused add + norm per layer among them)."""
     tree = model.parameters()
     for key in EMBEDDING.get(name, ("model", "embed_tokens", "weight")):
         tree = tree[key]
     fwd, bwd = plugin_nodes([tree], layer=name in LAYER_NORM_MODELS)
+    if fuse and name not in LAYER_NORM_MODELS:
+        fused = primitive_counts(tree)["AddRMSNormPluginVJP"]
+        if fused < len(model.layers):
+            raise SystemExit(f"fuse round: {fused} AddRMSNormPluginVJP nodes, expected >= "
+                             f"{len(model.layers)} (one a layer)")
     if plugin and (fwd < n_norms or bwd < n_norms):
         raise SystemExit(f"plugin round: {fwd} RMSNormPlugin and {bwd} RMSNormPluginVJP "
                          f"nodes in the step's graph, expected >= {n_norms} each")
@@ -268,18 +289,18 @@ def bench(name, frozen, args):
     opt = optim.AdamW(learning_rate=1e-5)
     opt.init(model.trainable_parameters())  # the state's tree is fixed before tracing
     steps = {}
-    round_ms = {v: [] for v, _ in VARIANTS}
+    round_ms = {v: [] for v, _, _ in VARIANTS}
     nodes = {}
     for r in range(args.rounds):
-        for variant, plugin in VARIANTS:
-            (mlx_rmsnorm.patch if plugin else mlx_rmsnorm.unpatch)()
+        for variant, plugin, fuse in VARIANTS:
+            set_variant(plugin, fuse)
             if variant not in steps:
                 steps[variant] = make_step(model, opt)  # traced below, under this patch state
             step, state = steps[variant]
             for i in range(args.warmup):
                 loss = step(*batches[i % 2])
                 if i == 0:
-                    nodes[variant] = check_graph(model, plugin, len(calls), name)
+                    nodes[variant] = check_graph(model, plugin, len(calls), name, fuse)
                 mx.eval(loss, state)
             times = []
             for i in range(args.steps_per_round):
@@ -298,14 +319,18 @@ def bench(name, frozen, args):
     mx.clear_cache()
     mlx_rmsnorm.trim_device_memory()
     ratios = [a / b for a, b in zip(round_ms["mx.fast"], round_ms["mlx_rmsnorm"])]
+    # fuse against the plugin alone and against the built-in, round by round
+    fuse_vs_plugin = [a / b for a, b in zip(round_ms["mlx_rmsnorm"], round_ms["fuse"])]
+    fuse_vs_builtin = [a / b for a, b in zip(round_ms["mx.fast"], round_ms["fuse"])]
     tok = args.batch * args.seq
     return dict(model=name, norms="frozen" if frozen else "trained", config=config,
                 norm="LayerNorm" if layer else "RMSNorm",
                 tokens_per_step=tok, norm_calls=len(calls), plugin_nodes=nodes,
-                round_ms=round_ms, speedup=ratios,
+                round_ms=round_ms, speedup=ratios, fuse_vs_plugin=fuse_vs_plugin,
+                fuse_vs_builtin=fuse_vs_builtin,
                 norm_ms={v: 1e3 * s for v, s in norm_s.items()},
                 share={v: 100 * 1e3 * norm_s[v] / statistics.median(round_ms[v])
-                       for v, _ in VARIANTS})
+                       for v in norm_s})
 
 
 def print_result(res):
@@ -313,28 +338,70 @@ def print_result(res):
     print(f"\n{res['model']}, norm weights {res['norms']}: {tok} tokens a step, "
           f"{res['norm_calls']} {res['norm']} calls a step; plugin graph nodes (forward, VJP): "
           f"{res['plugin_nodes']['mlx_rmsnorm']}; {res['seconds']:.0f} s")
-    for v, _ in VARIANTS:
+    for v, _, _ in VARIANTS:
         ms = res["round_ms"][v]
+        norm = (f"{res['norm']} fwd+bwd {res['norm_ms'][v]:6.2f} ms = {res['share'][v]:4.1f}% of the step"
+                if v in res["norm_ms"] else "")
         print(f"  {v:12} {spread(ms):>24} ms/step  {spread([tok / m for m in ms], 1e3, '{:.0f}'):>26} "
-              f"tokens/s  {res['norm']} fwd+bwd {res['norm_ms'][v]:6.2f} ms = {res['share'][v]:4.1f}% of the step")
+              f"tokens/s  {norm}")
     print(f"  speedup built-in / plugin: {spread(res['speedup'])} over {len(res['speedup'])} rounds: "
           + " ".join(f"{x:.3f}" for x in res["speedup"]))
+    print(f"  speedup plugin / fuse: {spread(res['fuse_vs_plugin'], fmt='{:.3f}')}; "
+          f"built-in / fuse: {spread(res['fuse_vs_builtin'], fmt='{:.3f}')}")
 
 
 def print_table(results):
     print("\nms/step and speedup: median [min-max] over rounds; RMSNorm share: the norm calls "
           "of one step timed alone")
-    hdr = (f"{'model':15} {'norms':8} {'mx.fast ms':>22} {'plugin ms':>22} {'speedup':>19} "
+    hdr = (f"{'model':15} {'norms':8} {'mx.fast ms':>22} {'plugin ms':>22} {'fuse ms':>22} "
+           f"{'speedup':>19} {'plugin/fuse':>19} "
            f"{'plugin tok/s':>12} {'norm ms fast/plugin':>19} {'share fast/plugin':>17}")
     print(hdr)
     print("-" * len(hdr))
     for r in results:
         ms_b, ms_p = r["round_ms"]["mx.fast"], r["round_ms"]["mlx_rmsnorm"]
         print(f"{r['model']:15} {r['norms']:8} {spread(ms_b):>22} {spread(ms_p):>22} "
+              f"{spread(r['round_ms']['fuse']):>22} "
               f"{spread(r['speedup'], fmt='{:.3f}'):>19} "
+              f"{spread(r['fuse_vs_plugin'], fmt='{:.3f}'):>19} "
               f"{r['tokens_per_step'] / statistics.median(ms_p) * 1e3:12.0f} "
               f"{r['norm_ms']['mx.fast']:9.2f}/{r['norm_ms']['mlx_rmsnorm']:<9.2f} "
               f"{r['share']['mx.fast']:7.1f}%/{r['share']['mlx_rmsnorm']:.1f}%")
+
+
+def bench_decode(name, args):
+    """ms per generated token (one mx.eval per token, KV cache, greedy), the
+    three variants interleaved round by round; each round decodes
+    --decode tokens after a 128-token prompt."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, _ = build_model(name, args.vocab, args.quick, frozen=False)
+    prompt = mx.random.randint(0, args.vocab, (1, 16 if args.quick else 128), key=mx.random.key(3))
+    per_token = {v: [] for v, _, _ in VARIANTS}
+    for r in range(args.rounds + 1):
+        for variant, plugin, fuse in VARIANTS:
+            set_variant(plugin, fuse)
+            cache = make_prompt_cache(model)
+            logits = model(prompt, cache=cache)
+            mx.eval(logits)
+            t0 = time.perf_counter()
+            for _ in range(args.decode):
+                y = mx.argmax(logits[:, -1], axis=-1)
+                logits = model(y[:, None], cache=cache)
+                mx.eval(logits)
+            if r:  # the first round warms up
+                per_token[variant].append(1e3 * (time.perf_counter() - t0) / args.decode)
+    mlx_rmsnorm.unpatch()
+    return dict(model=name, tokens=args.decode, ms_per_token=per_token)
+
+
+def print_decode(res):
+    ms = res["ms_per_token"]
+    print(f"\n{res['model']} decode, ms per token over {res['tokens']} tokens (median [min-max] of "
+          f"rounds): " + "; ".join(f"{v} {spread(ms[v], fmt='{:.3f}')}" for v, _, _ in VARIANTS))
+    ratio = [a / b for a, b in zip(ms["mlx_rmsnorm"], ms["fuse"])]
+    ratio_b = [a / b for a, b in zip(ms["mx.fast"], ms["fuse"])]
+    print(f"  plugin / fuse {spread(ratio, fmt='{:.3f}')}; built-in / fuse {spread(ratio_b, fmt='{:.3f}')}")
 
 
 def main(argv=None):
@@ -350,6 +417,8 @@ def main(argv=None):
     p.add_argument("--norm-reps", type=int, default=5, help="repeats of the norm-only timing")
     p.add_argument("--quick", action="store_true", help="tiny models, CPU smoke test")
     p.add_argument("--json", default="", help="write the results there")
+    p.add_argument("--decode", type=int, default=0, help="also time generating this many tokens")
+    p.add_argument("--no-train", action="store_true", help="skip the training steps (with --decode)")
     args = p.parse_args(argv)
     names = [s.strip() for s in args.model.split(",") if s.strip()]
     modes = [s.strip() for s in args.norms.split(",") if s.strip()]
@@ -369,14 +438,19 @@ def main(argv=None):
     results = []
     t0 = time.perf_counter()
     for name in names:
-        for mode in modes:
+        if args.decode:
+            res = bench_decode(name, args)
+            print_decode(res)
+            results.append(res)
+            sys.stdout.flush()
+        for mode in ([] if args.no_train else modes):
             t1 = time.perf_counter()
             res = bench(name, mode == "frozen", args)
             res["seconds"] = time.perf_counter() - t1
             print_result(res)
             results.append(res)
             sys.stdout.flush()
-    print_table(results)
+    print_table([r for r in results if "round_ms" in r])
     print(f"\n{time.perf_counter() - t0:.0f} s")
     if args.json:
         with open(args.json, "w") as f:

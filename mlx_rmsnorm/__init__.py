@@ -7,7 +7,8 @@
 through our own backward (``rms_norm_vjp``) under ``mx.grad``; ``RMSNorm`` is
 a drop-in for ``mlx.nn.RMSNorm``; ``patch()`` routes ``mx.fast.rms_norm`` --
 and with it every ``nn.RMSNorm`` and the models built on it -- through the
-plugin.
+plugin. ``add_rms_norm`` fuses a residual add into the norm, and
+``patch(fuse=True)`` rewrites mlx-lm's decoder blocks to use it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ._ext import (
+    add_rms_norm,
+    add_rms_norm_vjp,
     device_memory,
     gpu_family,
     has_cuda_kernels,
@@ -33,9 +36,13 @@ from ._ext import (
 __all__ = [
     "LayerNorm",
     "RMSNorm",
+    "add_rms_norm",
+    "add_rms_norm_vjp",
     "device_memory",
+    "fused_architectures",
     "gpu_family",
     "has_cuda_kernels",
+    "is_fused",
     "is_patched",
     "layer_norm",
     "layer_norm_vjp",
@@ -83,7 +90,14 @@ class LayerNorm(nn.LayerNorm):
 
 # The state of patching lives in a module that reload(mlx_rmsnorm) does not
 # re-run (see its docstring for the semantics across threads and nesting).
-from ._patching import is_patched, patch, patched, unpatch  # noqa: E402
+from ._patching import (  # noqa: E402
+    fused_architectures,
+    is_fused,
+    is_patched,
+    patch,
+    patched,
+    unpatch,
+)
 
 # MLX_RMSNORM_PATCH / MLX_RMSNORM_REPORT (the .pth installed with the package
 # imports us at interpreter start when MLX_RMSNORM_PATCH is set).

@@ -1,4 +1,4 @@
-"""python -m mlx_rmsnorm [--report] (-m MODULE | MODULE | SCRIPT.py) [ARGS...]
+"""python -m mlx_rmsnorm [--report] [--fuse] (-m MODULE | MODULE | SCRIPT.py) [ARGS...]
 
 Runs a module (``python -m MODULE ARGS``) or a script with
 ``mx.fast.rms_norm`` and ``mx.fast.layer_norm`` -- and with them every
@@ -13,6 +13,9 @@ command-line tools:
 A first argument that names an existing file or ends in ``.py`` is a script;
 otherwise a module. ``--report`` (or MLX_RMSNORM_REPORT=1) prints at exit how
 many of our primitives and the built-in's the run's gradient graphs held.
+``--fuse`` is ``patch(fuse=True)``: mlx-lm's decoder blocks (llama, mistral,
+qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3_text) run their residual add
+and norm as one ``add_rms_norm``.
 Without this wrapper, MLX_RMSNORM_PATCH=1 patches any program in the
 environment (README: "mlx-lm's command-line tools").
 """
@@ -23,11 +26,14 @@ import os
 import runpy
 import sys
 
-USAGE = "usage: python -m mlx_rmsnorm [--report] (-m MODULE | MODULE | SCRIPT.py) [ARGS...]"
+USAGE = "usage: python -m mlx_rmsnorm [--report] [--fuse] (-m MODULE | MODULE | SCRIPT.py) [ARGS...]"
+
+_fuse = False  # --fuse (set by _parse; keeps _parse's return shape)
 
 
 def _parse(argv: list[str]) -> tuple[bool, str, str, list[str]]:
-    report = False
+    global _fuse
+    report = _fuse = False
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -36,6 +42,10 @@ def _parse(argv: list[str]) -> tuple[bool, str, str, list[str]]:
             raise SystemExit(0)
         if a == "--report":
             report = True
+            i += 1
+            continue
+        if a == "--fuse":
+            _fuse = True
             i += 1
             continue
         if a == "-m":
@@ -56,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     import mlx_rmsnorm
     from mlx_rmsnorm import _autopatch
 
-    mlx_rmsnorm.patch()
+    mlx_rmsnorm.patch(fuse=_fuse)
     if report:
         _autopatch.install_report()
     sys.argv = [target, *args]  # (run_module puts the module's file in argv[0])

@@ -1,7 +1,8 @@
 """Patching from outside the program: the environment variables and the
 report that shows which RMSNorm primitives a run's gradients used.
 
-MLX_RMSNORM_PATCH=1   ``patch()`` at ``import mlx_rmsnorm``; the package
+MLX_RMSNORM_PATCH=1   ``patch()`` at ``import mlx_rmsnorm`` (``=fuse``:
+                      ``patch(fuse=True)``, mlx-lm blocks fused); the package
                       installs a .pth file that imports it at interpreter
                       start when the variable is set, so any program in the
                       environment (``mlx_lm.lora``, a script) runs patched.
@@ -22,7 +23,8 @@ from collections import Counter
 
 import mlx.core as mx
 
-_PRIMITIVES = ("RMSNormPlugin", "RMSNormPluginVJP", "RMSNorm", "RMSNormVJP")
+_PRIMITIVES = ("RMSNormPlugin", "RMSNormPluginVJP", "RMSNorm", "RMSNormVJP",
+               "AddRMSNormPlugin", "AddRMSNormPluginVJP")
 # LayerNorm (patch() routes mx.fast.layer_norm too), reported after RMSNorm.
 _LAYER_PRIMITIVES = ("LayerNormPlugin", "LayerNormPluginVJP", "LayerNorm", "LayerNormVJP")
 # Graphs of the first calls only: under mx.compile those are the traces, and
@@ -82,6 +84,7 @@ def summary() -> str:
         f"mlx_rmsnorm report: patched={mlx_rmsnorm.is_patched()} gradient_graphs={_graphs} "
         f"RMSNormPlugin={c['RMSNormPlugin']} RMSNormPluginVJP={c['RMSNormPluginVJP']} "
         f"builtin_RMSNorm={c['RMSNorm']} builtin_RMSNormVJP={c['RMSNormVJP']} "
+        f"AddRMSNormPlugin={c['AddRMSNormPlugin']} AddRMSNormPluginVJP={c['AddRMSNormPluginVJP']} "
         f"LayerNormPlugin={c['LayerNormPlugin']} LayerNormPluginVJP={c['LayerNormPluginVJP']} "
         f"builtin_LayerNorm={c['LayerNorm']} builtin_LayerNormVJP={c['LayerNormVJP']}"
     )
@@ -104,6 +107,6 @@ def from_environment() -> None:
     import mlx_rmsnorm
 
     if _enabled("MLX_RMSNORM_PATCH"):
-        mlx_rmsnorm.patch()
+        mlx_rmsnorm.patch(fuse=os.environ["MLX_RMSNORM_PATCH"].strip().lower() == "fuse")
     if _enabled("MLX_RMSNORM_REPORT"):
         install_report()

@@ -9,8 +9,18 @@ def rms_norm(
     weight: Optional[mx.array],
     eps: float,
     *,
+    offset: float = 0.0,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> mx.array: ...
+def add_rms_norm(
+    x: mx.array,
+    residual: mx.array,
+    weight: Optional[mx.array],
+    eps: float,
+    *,
+    offset: float = 0.0,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> Tuple[mx.array, mx.array]: ...
 def rms_norm_vjp(
     x: mx.array,
     weight: Optional[mx.array],
@@ -19,6 +29,17 @@ def rms_norm_vjp(
     *,
     need_gw: bool = True,
     algorithm: Literal["auto", "persistent", "split", "naive"] = "auto",
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> Tuple[mx.array, Optional[mx.array]]: ...
+def add_rms_norm_vjp(
+    h: mx.array,
+    weight: Optional[mx.array],
+    g_y: mx.array,
+    g_h: mx.array,
+    eps: float,
+    *,
+    offset: float = 0.0,
+    need_gw: bool = True,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> Tuple[mx.array, Optional[mx.array]]: ...
 def _set_export_tracing(on: bool) -> bool: ...

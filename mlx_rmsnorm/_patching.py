@@ -18,6 +18,11 @@ Semantics (``mx.fast.rms_norm`` is one attribute for the whole process):
   last block to close restores the state from before the first one opened,
   as changed by ``patch()`` / ``unpatch()`` calls made outside blocks
   meanwhile -- not by calls made inside them.
+* ``fuse=True`` (``patch``, ``patched``) also rewrites the mlx-lm decoder
+  blocks of the architectures in ``_fuse.ARCHITECTURES`` (residual add +
+  norm as ``add_rms_norm``, Gemma's ``1 + w`` in fp32); ``unpatch()`` undoes
+  both. In ``patched(fuse=True)`` blocks the rewrite follows the same rules as
+  the routing: on while any such block is open, then the state from before.
 """
 
 from __future__ import annotations
@@ -28,52 +33,36 @@ from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 
-from . import _ext
-
-_ATTR = "_mlx_rmsnorm_builtin_rms_norm"
+from . import _ext, _fuse
 
 
-def _find_builtin() -> Callable[..., mx.array]:
-    kept = getattr(mx.fast, _ATTR, None)
+def _find_builtin(name: str) -> Callable[..., mx.array]:
+    """MLX's own ``mx.fast.<name>``, kept on ``mx.fast`` itself."""
+    attr = f"_mlx_rmsnorm_builtin_{name}"
+    kept = getattr(mx.fast, attr, None)
     if kept is not None:
         return kept
-    current = mx.fast.rms_norm
-    if current is _ext.rms_norm:  # cannot happen unless set by hand: no way back
+    current = getattr(mx.fast, name)
+    if current is getattr(_ext, name):  # cannot happen unless set by hand: no way back
         raise RuntimeError(
-            "[mlx_rmsnorm] mx.fast.rms_norm is already the plugin and MLX's own "
+            f"[mlx_rmsnorm] mx.fast.{name} is already the plugin and MLX's own "
             "function was not kept; re-import mlx to restore it."
         )
-    setattr(mx.fast, _ATTR, current)
+    setattr(mx.fast, attr, current)
     return current
 
 
-BUILTIN = _find_builtin()
-
-# LayerNorm: mx.fast.layer_norm is routed beside rms_norm, with the same
-# guarantees (one switch for both, the same blocks, the same export hooks).
-_ATTR_LAYER = "_mlx_rmsnorm_builtin_layer_norm"
-
-
-def _find_builtin_layer_norm() -> Callable[..., mx.array]:
-    kept = getattr(mx.fast, _ATTR_LAYER, None)
-    if kept is not None:
-        return kept
-    current = mx.fast.layer_norm
-    if current is _ext.layer_norm:
-        raise RuntimeError(
-            "[mlx_rmsnorm] mx.fast.layer_norm is already the plugin and MLX's own "
-            "function was not kept; re-import mlx to restore it."
-        )
-    setattr(mx.fast, _ATTR_LAYER, current)
-    return current
-
-
-BUILTIN_LAYER_NORM = _find_builtin_layer_norm()
+# mx.fast.layer_norm is routed beside rms_norm, with the same guarantees (one
+# switch for both, the same blocks, the same export hooks).
+BUILTIN = _find_builtin("rms_norm")
+BUILTIN_LAYER_NORM = _find_builtin("layer_norm")
 
 _lock = threading.RLock()
 _open_blocks = 0  # patched() blocks open now, all threads together
 _state_after_blocks = False  # what the last block to close restores
 _local = threading.local()  # .depth: patched() blocks open in this thread
+_open_fuse_blocks = 0  # patched(fuse=True) blocks open now
+_fuse_after_blocks = False  # the block rewrite the last such block restores
 
 
 def _set(on: bool) -> None:
@@ -87,40 +76,67 @@ def is_patched() -> bool:
     return mx.fast.rms_norm is _ext.rms_norm and mx.fast.layer_norm is _ext.layer_norm
 
 
-def _switch(on: bool) -> None:
-    global _state_after_blocks
+def _set_fuse(on: bool) -> None:
+    _fuse.apply() if on else _fuse.remove()
+
+
+def _switch(on: bool, fuse: bool = False) -> None:
+    global _state_after_blocks, _fuse_after_blocks
     with _lock:
         if getattr(_local, "depth", 0) == 0:
             _state_after_blocks = on
+            if fuse or not on:
+                _fuse_after_blocks = fuse
         _set(on)
+        if fuse or not on:
+            _set_fuse(fuse)
 
 
-def patch() -> None:
+def is_fused() -> bool:
+    """Whether ``patch(fuse=True)``'s rewrite of mlx-lm's blocks is on."""
+    return _fuse.is_fused()
+
+
+def patch(fuse: bool = False) -> None:
     """Route ``mx.fast.rms_norm`` and ``mx.fast.layer_norm`` (and so every
     ``nn.RMSNorm`` and ``nn.LayerNorm``) through the plugin.
 
-    Process-wide and idempotent; undone by :func:`unpatch`.
+    With ``fuse=True``, also rewrite the decoder blocks of the mlx-lm
+    architectures in :func:`fused_architectures` so that a residual add
+    followed by a norm runs as one :func:`add_rms_norm`, and Gemma's norms
+    form ``1 + w`` in fp32. ``patch()`` without it leaves an earlier
+    rewrite on. Process-wide and idempotent; undone by :func:`unpatch`.
     """
-    _switch(True)
+    _switch(True, fuse)
 
 
 def unpatch() -> None:
-    """Restore MLX's built-in ``mx.fast.rms_norm`` and ``mx.fast.layer_norm``.
-    Idempotent."""
+    """Restore MLX's built-in ``mx.fast.rms_norm`` and ``mx.fast.layer_norm``,
+    and every rewritten mlx-lm class. Idempotent."""
     _switch(False)
 
 
+def fused_architectures() -> list[str]:
+    """The mlx-lm ``model_type`` values whose decoder blocks ``patch(fuse=True)`` rewrites."""
+    return _fuse.fused_architectures()
+
+
 @contextlib.contextmanager
-def patched() -> Iterator[None]:
-    """The plugin inside the block; on leaving the last open block, the state
-    found before the first (see the module's docstring for threads)."""
-    global _open_blocks, _state_after_blocks
+def patched(fuse: bool = False) -> Iterator[None]:
+    """The plugin inside the block (with ``fuse=True`` also the mlx-lm block
+    rewrite); on leaving the last open block, the state found before the first
+    (see the module's docstring for threads)."""
+    global _open_blocks, _state_after_blocks, _open_fuse_blocks, _fuse_after_blocks
     with _lock:
         if _open_blocks == 0:
             _state_after_blocks = is_patched()
+            _fuse_after_blocks = is_fused()
         _open_blocks += 1
         _local.depth = getattr(_local, "depth", 0) + 1
         _set(True)
+        if fuse:
+            _open_fuse_blocks += 1
+            _set_fuse(True)
     try:
         yield
     finally:
@@ -128,6 +144,12 @@ def patched() -> Iterator[None]:
             _open_blocks -= 1
             _local.depth -= 1
             _set(True if _open_blocks else _state_after_blocks)
+            if fuse:
+                _open_fuse_blocks -= 1
+            if _open_fuse_blocks:
+                _set_fuse(True)
+            elif fuse or not _open_blocks:
+                _set_fuse(_fuse_after_blocks)
 
 
 # --- export -------------------------------------------------------------------

@@ -15,6 +15,8 @@
 #endif
 #include "layer_norm.h"
 #include "layer_norm_vjp.h"
+#include "add_rms_norm.h"
+#include "add_rms_norm_vjp.h"
 #include "rms_norm.h"
 #include "rms_norm_vjp.h"
 
@@ -52,8 +54,14 @@ NB_MODULE(_ext, m) {
         ``RuntimeError`` naming the GPU and the rebuild command when this
         build has no code for it.)");
 
-  m.def("rms_norm", &mlx_rmsnorm::rms_norm, "x"_a, "weight"_a.none(), "eps"_a,
-        nb::kw_only(), "stream"_a = nb::none(),
+  m.def(
+      "rms_norm",
+      [](const mx::array& x, const std::optional<mx::array>& weight, float eps,
+         float offset, mx::StreamOrDevice s) {
+        return mlx_rmsnorm::rms_norm(x, weight, eps, s, offset);
+      },
+      "x"_a, "weight"_a.none(), "eps"_a, nb::kw_only(), "offset"_a = 0.f,
+      "stream"_a = nb::none(),
         R"(Root Mean Square normalization (RMS norm).
 
         Normalizes ``x`` over its last axis and scales by ``weight``:
@@ -64,11 +72,46 @@ NB_MODULE(_ext, m) {
             weight (array, optional): 1-D array of size ``x.shape[-1]``, or
               ``None`` for no scaling.
             eps (float): Added to the mean square for numerical stability.
+            offset (float): Scale by ``offset + weight`` instead, formed in
+              fp32 (Gemma's ``1 + w`` without rounding it to the weight's
+              dtype first). Needs a weight. Default: ``0``.
             stream (Stream, optional): Stream or device.
 
         Returns:
             array: ``y`` with the shape of ``x`` and dtype
             ``result_type(x, weight)``.
+        )");
+
+  m.def(
+      "add_rms_norm",
+      [](const mx::array& x, const mx::array& residual,
+         const std::optional<mx::array>& weight, float eps, float offset,
+         mx::StreamOrDevice s) {
+        auto out = mlx_rmsnorm::add_rms_norm(x, residual, weight, eps, offset, s);
+        return std::make_pair(out[0], out[1]);
+      },
+      "x"_a, "residual"_a, "weight"_a.none(), "eps"_a, nb::kw_only(),
+      "offset"_a = 0.f, "stream"_a = nb::none(),
+      R"(Fused residual add and RMS norm: ``h = x + residual``,
+        ``y = rms_norm(h, weight, eps, offset=offset)``, in one pass.
+
+        The pre-norm transformer's ``h = x + r; y = norm(h)``: the norm reads
+        ``h`` as stored (rounded to its dtype), as the unfused composition
+        does. Differentiable (both outputs' cotangents; ``x`` and ``residual``
+        get the same gradient) through one backward pass.
+
+        Args:
+            x (array): Input with at least one dimension.
+            residual (array): Same shape as ``x``.
+            weight (array, optional): 1-D of size ``x.shape[-1]``, or ``None``.
+            eps (float): Added to the mean square for numerical stability.
+            offset (float): Scale by ``offset + weight`` formed in fp32
+              (Gemma: ``1.0``). Needs a weight. Default: ``0``.
+            stream (Stream, optional): Stream or device.
+
+        Returns:
+            tuple(array, array): ``(y, h)``; ``h`` has dtype
+            ``result_type(x, residual)``, ``y`` ``result_type(h, weight)``.
         )");
 
   m.def(
@@ -156,6 +199,25 @@ NB_MODULE(_ext, m) {
             in, weight.has_value(), bias.has_value(), eps, mx::default_stream(mx::default_device()));
       },
       "x"_a, "weight"_a.none(), "bias"_a.none(), "eps"_a);
+
+  m.def(
+      "add_rms_norm_vjp",
+      [](const mx::array& h, const std::optional<mx::array>& weight, const mx::array& g_y,
+         const mx::array& g_h, float eps, float offset, bool need_gw,
+         mx::StreamOrDevice s) -> std::pair<mx::array, std::optional<mx::array>> {
+        auto out = mlx_rmsnorm::add_rms_norm_vjp(h, weight, g_y, g_h, eps, offset, need_gw, s);
+        if (out.size() == 2) return {out[0], out[1]};
+        return {out[0], std::nullopt};
+      },
+      "h"_a, "weight"_a.none(), "g_y"_a, "g_h"_a, "eps"_a, nb::kw_only(),
+      "offset"_a = 0.f, "need_gw"_a = true, "stream"_a = nb::none(),
+      R"(Backward of :func:`add_rms_norm` from its output ``h``.
+
+        Returns:
+            tuple(array, array or None): ``(gx, gw)``: ``gx = g_h + d(norm)/dh``
+            is the gradient of both ``x`` and ``residual``; ``gw`` is ``None``
+            without a weight or with ``need_gw=False``.
+        )");
 
   // Used by mlx_rmsnorm/_patching.py around functions that mx.export_function
   // and mx.exporter trace (MLX does not expose its own flag).

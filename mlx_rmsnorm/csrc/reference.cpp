@@ -76,27 +76,34 @@ std::optional<mx::array> weight_of(const std::vector<mx::array>& inputs,
   return inputs[1];
 }
 
+// offset + w in the compute type: the scale the kernels form in fp32.
+static mx::array scale_of(const mx::array& w, float offset, mx::Dtype ct,
+                          mx::Stream s) {
+  auto wf = mx::astype(w, ct, s);
+  return offset == 0.f ? wf : mx::add(wf, scalar(offset, ct), s);
+}
+
 mx::array forward(const mx::array& x, const std::optional<mx::array>& w,
-                  float eps, mx::StreamOrDevice s_) {
+                  float eps, mx::StreamOrDevice s_, float offset) {
   auto s = mx::to_stream(s_);
   auto out_type = result_type(x, w);
   auto ct = compute_type(out_type);
   auto xf = mx::astype(x, ct, s);
   auto y = mx::multiply(xf, rstd(xf, eps, s), s);
-  if (w) y = mx::multiply(y, mx::astype(*w, ct, s), s);
+  if (w) y = mx::multiply(y, scale_of(*w, offset, ct, s), s);
   return mx::astype(y, out_type, s);
 }
 
 std::vector<mx::array> backward(const mx::array& x,
                                 const std::optional<mx::array>& w,
                                 const mx::array& g, float eps, bool need_gw,
-                                mx::StreamOrDevice s_) {
+                                mx::StreamOrDevice s_, float offset) {
   auto s = mx::to_stream(s_);
   auto ct = compute_type(result_type(x, w));
   auto xf = mx::astype(x, ct, s);
   auto gf = mx::astype(g, ct, s);
   auto r = rstd(xf, eps, s);
-  auto v = w ? mx::multiply(gf, mx::astype(*w, ct, s), s) : gf;
+  auto v = w ? mx::multiply(gf, scale_of(*w, offset, ct, s), s) : gf;
   auto m = mx::mean(mx::multiply(v, xf, s), -1, /*keepdims=*/true, s);
   auto c = mx::multiply(mx::multiply(mx::multiply(m, r, s), r, s), r, s);
   auto gx = mx::subtract(mx::multiply(r, v, s), mx::multiply(xf, c, s), s);

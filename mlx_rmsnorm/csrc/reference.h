@@ -31,15 +31,17 @@ mx::Dtype result_type(const mx::array& x, const std::optional<mx::array>& w);
 mx::Dtype compute_type(mx::Dtype out_type);
 
 // y, computed in compute_type(result_type(x, w)) and cast to that result type.
+// With a weight the scale is offset + w, formed in the compute type (Gemma's
+// 1 + w without rounding it to the weight's dtype first).
 mx::array forward(const mx::array& x, const std::optional<mx::array>& w,
-                  float eps, mx::StreamOrDevice s = {});
+                  float eps, mx::StreamOrDevice s = {}, float offset = 0.f);
 
 // {gx} or {gx, gw} (gw only with a weight and need_gw), computed in
 // compute_type(result_type(x, w)) and cast to x's and w's dtypes.
 std::vector<mx::array> backward(const mx::array& x,
                                 const std::optional<mx::array>& w,
                                 const mx::array& g, float eps, bool need_gw,
-                                mx::StreamOrDevice s = {});
+                                mx::StreamOrDevice s = {}, float offset = 0.f);
 
 // Tangents for every primal: the given ones at `argnums`, zeros elsewhere
 // (what mx::jvp of the reference function needs).

@@ -63,6 +63,23 @@ mx::Dtype check_inputs(const char* op, const mx::array& x,
   return out_type;
 }
 
+void check_offset(const char* op, const std::optional<mx::array>& weight,
+                  float offset) {
+  if (offset != 0.f && !weight) {
+    throw std::invalid_argument(std::string("[") + op +
+                                "] offset scales by offset + weight and needs a weight.");
+  }
+}
+
+mx::array builtin_rms_norm(const mx::array& x, const std::optional<mx::array>& w,
+                           float eps, float offset, mx::StreamOrDevice s) {
+  if (offset == 0.f || !w) return mx::fast::rms_norm(x, w, eps, s);
+  // offset + w in fp32, then y cast back to result_type(x, w).
+  auto out_type = reference::result_type(x, w);
+  auto scale = mx::add(mx::astype(*w, mx::float32, s), mx::array(offset, mx::float32), s);
+  return mx::astype(mx::fast::rms_norm(x, scale, eps, s), out_type, s);
+}
+
 mx::array kernel_input(const mx::array& a, mx::Dtype out_type, mx::Stream s) {
   return is_kernel_dtype(a.dtype()) ? a : mx::astype(a, out_type, s);
 }
@@ -71,19 +88,20 @@ mx::array kernel_input(const mx::array& a, mx::Dtype out_type, mx::Stream s) {
 // eval_gpu read strided inputs, or copy them, themselves) and a cast only
 // where a dtype is one the kernels do not read.
 mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight,
-                   float eps, mx::StreamOrDevice s) {
+                   float eps, mx::StreamOrDevice s, float offset) {
   auto out_type = check_inputs("rms_norm", x, weight);
-  if (export_tracing_) return mx::fast::rms_norm(x, weight, eps, s);
+  check_offset("rms_norm", weight, offset);
+  if (export_tracing_) return builtin_rms_norm(x, weight, eps, offset, s);
   auto stream = mx::to_stream(s);
   std::vector<mx::array> inputs = {kernel_input(x, out_type, stream)};
   if (weight) inputs.push_back(kernel_input(*weight, out_type, stream));
   // float64: MLX ops in float64 (reference.h); the kernels read 16/32-bit floats.
   if (out_type == mx::float64) {
     return reference::forward(inputs[0], reference::weight_of(inputs, weight.has_value()),
-                              eps, stream);
+                              eps, stream, offset);
   }
   return mx::array(x.shape(), out_type,
-                   std::make_shared<RMSNorm>(stream, eps, weight.has_value()),
+                   std::make_shared<RMSNorm>(stream, eps, weight.has_value(), offset),
                    std::move(inputs));
 }
 
@@ -101,7 +119,7 @@ std::vector<mx::array> RMSNorm::vjp(const std::vector<mx::array>& primals,
   auto g = cotangents[0];
   if (g.dtype() != out_type) g = mx::astype(g, out_type, stream());
   auto grads = detail::make_vjp(primals[0], w, g, eps_, Algorithm::Auto,
-                                need_gw, stream());
+                                need_gw, stream(), offset_);
   std::vector<mx::array> out;
   out.reserve(argnums.size());
   for (int i : argnums) out.push_back(grads[i]);
@@ -114,12 +132,12 @@ std::vector<mx::array> RMSNorm::jvp(const std::vector<mx::array>& primals,
   // Forward-mode through the op-level formula; tangents of inputs that were
   // not asked for are zero.
   auto all_tangents = reference::full_tangents(primals, tangents, argnums, stream());
-  float eps = eps_;
+  float eps = eps_, offset = offset_;
   bool has_w = has_weight_;
   auto s = stream();
-  auto f = [eps, has_w, s](const std::vector<mx::array>& in) {
+  auto f = [eps, offset, has_w, s](const std::vector<mx::array>& in) {
     return std::vector<mx::array>{
-        reference::forward(in[0], reference::weight_of(in, has_w), eps, s)};
+        reference::forward(in[0], reference::weight_of(in, has_w), eps, s, offset)};
   };
   return mx::jvp(f, primals, all_tangents).second;
 }
@@ -131,19 +149,19 @@ std::pair<std::vector<mx::array>, std::vector<int>> RMSNorm::vmap(
   if (!w_mapped) {
     // Only x carries the batch: put it in front and normalize as usual.
     auto x = mx::moveaxis(inputs[0], axes[0], 0, stream());
-    return {{rms_norm(x, w, eps_, stream())}, {0}};
+    return {{rms_norm(x, w, eps_, stream(), offset_)}, {0}};
   }
-  float eps = eps_;
+  float eps = eps_, offset = offset_;
   auto s = stream();
-  auto f = [eps, s](const std::vector<mx::array>& in) {
-    return std::vector<mx::array>{reference::forward(in[0], in[1], eps, s)};
+  auto f = [eps, offset, s](const std::vector<mx::array>& in) {
+    return std::vector<mx::array>{reference::forward(in[0], in[1], eps, s, offset)};
   };
   return {mx::vmap(f, axes, {0})(inputs), {0}};
 }
 
 bool RMSNorm::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const RMSNorm&>(other);
-  return eps_ == o.eps_ && has_weight_ == o.has_weight_;
+  return eps_ == o.eps_ && has_weight_ == o.has_weight_ && offset_ == o.offset_;
 }
 
 }  // namespace mlx_rmsnorm

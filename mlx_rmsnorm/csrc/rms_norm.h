@@ -19,8 +19,20 @@ namespace mx = mlx::core;
 // 16/32-bit floats only; on a GPU stream MLX refuses float64, as it does for
 // the built-in); while an export is being traced (export_tracing()) the op
 // is the built-in's, so the exported file holds what mx.fast.rms_norm writes.
+// `offset` (Gemma: 1) scales by offset + weight, formed in fp32 by the
+// kernels instead of rounded to the weight's dtype; it needs a weight.
 mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight,
-                   float eps, mx::StreamOrDevice s = {});
+                   float eps, mx::StreamOrDevice s = {}, float offset = 0.f);
+
+// Throws (ValueError in Python) when an offset is given without a weight.
+void check_offset(const char* op, const std::optional<mx::array>& weight,
+                  float offset);
+
+// What mx.fast.rms_norm computes for our y = rms_norm(x) * (offset + w):
+// the exported form (MLX ops only) of a norm with an offset. With offset 0
+// it is the built-in's own call.
+mx::array builtin_rms_norm(const mx::array& x, const std::optional<mx::array>& w,
+                           float eps, float offset, mx::StreamOrDevice s);
 
 // Validates x and weight as mx.fast.rms_norm does (ValueError on the Python
 // side) and returns the output dtype. `op` prefixes the messages.
@@ -49,8 +61,8 @@ bool set_export_tracing(bool on);
 
 class RMSNorm : public mx::Primitive {
  public:
-  RMSNorm(mx::Stream stream, float eps, bool has_weight)
-      : mx::Primitive(stream), eps_(eps), has_weight_(has_weight) {}
+  RMSNorm(mx::Stream stream, float eps, bool has_weight, float offset = 0.f)
+      : mx::Primitive(stream), eps_(eps), has_weight_(has_weight), offset_(offset) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs,
                 std::vector<mx::array>& outputs) override;
@@ -77,10 +89,12 @@ class RMSNorm : public mx::Primitive {
 
   float eps() const { return eps_; }
   bool has_weight() const { return has_weight_; }
+  float offset() const { return offset_; }
 
  private:
   float eps_;
   bool has_weight_;
+  float offset_;
 };
 
 }  // namespace mlx_rmsnorm

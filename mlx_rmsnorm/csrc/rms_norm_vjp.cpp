@@ -47,10 +47,11 @@ std::vector<mx::array> builtin_vjp(const mx::array& x,
 
 // The backward as a function of (x, [w,] g) built from MLX ops, which is
 // what jvp, vmap and higher-order vjp differentiate.
-auto reference_backward(float eps, bool has_w, bool need_gw, mx::Stream s) {
-  return [eps, has_w, need_gw, s](const std::vector<mx::array>& in) {
+auto reference_backward(float eps, bool has_w, bool need_gw, mx::Stream s,
+                        float offset) {
+  return [eps, has_w, need_gw, s, offset](const std::vector<mx::array>& in) {
     return reference::backward(in[0], reference::weight_of(in, has_w),
-                               in.back(), eps, need_gw, s);
+                               in.back(), eps, need_gw, s, offset);
   };
 }
 
@@ -62,9 +63,10 @@ std::vector<mx::array> make_vjp(const mx::array& x,
                                 const std::optional<mx::array>& w,
                                 const mx::array& g, float eps,
                                 Algorithm algorithm, bool need_gw,
-                                mx::Stream s) {
+                                mx::Stream s, float offset) {
   need_gw = need_gw && w.has_value();
-  auto prim = std::make_shared<RMSNormVJP>(s, eps, w.has_value(), algorithm, need_gw);
+  auto prim = std::make_shared<RMSNormVJP>(s, eps, w.has_value(), algorithm, need_gw,
+                                           offset);
   std::vector<mx::array> inputs;
   inputs.reserve(3);
   inputs.push_back(x);
@@ -111,7 +113,7 @@ std::vector<mx::array> RMSNormVJP::vjp(const std::vector<mx::array>& primals,
                                        const std::vector<mx::array>& cotangents,
                                        const std::vector<int>& argnums,
                                        const std::vector<mx::array>&) {
-  auto grads = mx::vjp(reference_backward(eps_, has_weight_, need_gw_, stream()),
+  auto grads = mx::vjp(reference_backward(eps_, has_weight_, need_gw_, stream(), offset_),
                        primals, cotangents)
                    .second;
   std::vector<mx::array> out;
@@ -123,7 +125,7 @@ std::vector<mx::array> RMSNormVJP::jvp(const std::vector<mx::array>& primals,
                                        const std::vector<mx::array>& tangents,
                                        const std::vector<int>& argnums) {
   auto all_tangents = reference::full_tangents(primals, tangents, argnums, stream());
-  return mx::jvp(reference_backward(eps_, has_weight_, need_gw_, stream()),
+  return mx::jvp(reference_backward(eps_, has_weight_, need_gw_, stream(), offset_),
                  primals, all_tangents)
       .second;
 }
@@ -131,7 +133,7 @@ std::vector<mx::array> RMSNormVJP::jvp(const std::vector<mx::array>& primals,
 std::pair<std::vector<mx::array>, std::vector<int>> RMSNormVJP::vmap(
     const std::vector<mx::array>& inputs, const std::vector<int>& axes) {
   std::vector<int> out_axes(has_gw() ? 2 : 1, 0);
-  auto f = mx::vmap(reference_backward(eps_, has_weight_, need_gw_, stream()),
+  auto f = mx::vmap(reference_backward(eps_, has_weight_, need_gw_, stream(), offset_),
                     axes, out_axes);
   return {f(inputs), out_axes};
 }
@@ -145,7 +147,7 @@ std::vector<mx::Shape> RMSNormVJP::output_shapes(
 bool RMSNormVJP::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const RMSNormVJP&>(other);
   return eps_ == o.eps_ && has_weight_ == o.has_weight_ &&
-         need_gw_ == o.need_gw_ && algorithm_ == o.algorithm_;
+         need_gw_ == o.need_gw_ && algorithm_ == o.algorithm_ && offset_ == o.offset_;
 }
 
 }  // namespace mlx_rmsnorm

@@ -37,19 +37,20 @@ std::vector<mx::array> make_vjp(const mx::array& x,
                                 const std::optional<mx::array>& w,
                                 const mx::array& g, float eps,
                                 Algorithm algorithm, bool need_gw,
-                                mx::Stream s);
+                                mx::Stream s, float offset = 0.f);
 }  // namespace detail
 
 // Inputs (x, [w,] g); outputs (gx) and gw when has_weight && need_gw.
 class RMSNormVJP : public mx::Primitive {
  public:
   RMSNormVJP(mx::Stream stream, float eps, bool has_weight, Algorithm algorithm,
-             bool need_gw = true)
+             bool need_gw = true, float offset = 0.f)
       : mx::Primitive(stream),
         eps_(eps),
         has_weight_(has_weight),
         need_gw_(need_gw),
-        algorithm_(algorithm) {}
+        algorithm_(algorithm),
+        offset_(offset) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs,
                 std::vector<mx::array>& outputs) override;
@@ -78,12 +79,14 @@ class RMSNormVJP : public mx::Primitive {
   // Whether gw is an output.
   bool has_gw() const { return has_weight_ && need_gw_; }
   Algorithm algorithm() const { return algorithm_; }
+  float offset() const { return offset_; }  // the scale is offset + w
 
  private:
   float eps_;
   bool has_weight_;
   bool need_gw_;
   Algorithm algorithm_;
+  float offset_;
 };
 
 }  // namespace mlx_rmsnorm

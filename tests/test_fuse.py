@@ -1,0 +1,261 @@
+"""patch(fuse=True) on tiny, randomly initialised mlx-lm models: the same
+logits and training losses (within rounding) as unpatched, the fused
+primitive in the graphs, unpatch() restoring every class, and architectures
+without an entry running as under patch(). Skipped without mlx-lm."""
+
+import os
+import subprocess
+import sys
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+import pytest
+from conftest import graph_text
+from mlx.utils import tree_flatten
+
+import mlx_rmsnorm
+from mlx_rmsnorm import _fuse
+from mlx_rmsnorm._autopatch import primitive_counts
+
+pytest.importorskip("mlx_lm.models")
+from mlx_lm.models import gemma, gemma2, gemma3_text, llama, qwen3, qwen3_moe  # noqa: E402
+
+VOCAB = 97
+COMMON = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=VOCAB)
+CONFIGS = {
+    "llama": (llama, dict(COMMON, model_type="llama", rms_norm_eps=1e-5)),
+    "qwen3": (qwen3, dict(COMMON, model_type="qwen3", rms_norm_eps=1e-6, max_position_embeddings=128,
+                          head_dim=16, tie_word_embeddings=True, rope_theta=10000.0)),
+    "qwen3_moe": (qwen3_moe, dict(COMMON, model_type="qwen3_moe", rms_norm_eps=1e-6, head_dim=16,
+                                  max_position_embeddings=128, tie_word_embeddings=False,
+                                  rope_theta=10000.0, num_experts=4, num_experts_per_tok=2,
+                                  decoder_sparse_step=1, mlp_only_layers=[],
+                                  moe_intermediate_size=32, norm_topk_prob=True)),
+    "gemma": (gemma, dict(COMMON, model_type="gemma", rms_norm_eps=1e-6, head_dim=16)),
+    "gemma2": (gemma2, dict(COMMON, model_type="gemma2", rms_norm_eps=1e-6, head_dim=16)),
+    "gemma3_text": (gemma3_text, dict(COMMON, model_type="gemma3_text", rms_norm_eps=1e-6,
+                                      head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                                      sliding_window_pattern=2)),
+}
+
+
+def make(name, dtype=mx.float32):
+    module, config = CONFIGS[name]
+    mx.random.seed(0)
+    model = module.Model(module.ModelArgs(**config))
+    # Random norm weights (Gemma-style small offsets for Gemma): a norm
+    # initialised to ones would hide a wrong scale.
+    params = dict(tree_flatten(model.parameters()))
+    key = mx.random.key(5)
+    for i, (k, v) in enumerate(sorted(params.items())):
+        if "norm" in k:
+            params[k] = 0.1 * mx.random.normal(v.shape, key=mx.random.split(key, 200)[i]) + (
+                0.0 if name.startswith("gemma") else 1.0)
+    model.load_weights(list(params.items()))
+    if dtype != mx.float32:
+        model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    return model
+
+
+def tokens():
+    t = mx.random.randint(0, VOCAB, (3, 17), key=mx.random.key(1))
+    return t[:, :-1], t[:, 1:]
+
+
+def train(name, steps=4):
+    model = make(name)
+    opt = optim.AdamW(learning_rate=1e-3)
+    x, y = tokens()
+
+    def loss_fn(m, x, y):
+        return nn.losses.cross_entropy(m(x), y).mean()
+
+    step = nn.value_and_grad(model, loss_fn)
+    losses = []
+    for _ in range(steps):
+        loss, grads = step(model, x, y)
+        opt.update(model, grads)
+        mx.eval(loss, model.parameters(), opt.state)
+        losses.append(loss.item())
+    # an unevaluated gradient graph, to look into
+    _, grads = nn.value_and_grad(model, loss_fn)(model, x, y)
+    return losses, grads
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    yield
+    mlx_rmsnorm.unpatch()
+
+
+def test_fused_architectures_lists_the_entries():
+    assert mlx_rmsnorm.fused_architectures() == sorted(
+        ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text"])
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_same_logits_and_graph_holds_the_fused_primitive(name):
+    model = make(name)
+    x, _ = tokens()
+    want = model(x)
+    mx.eval(want)
+    mlx_rmsnorm.patch(fuse=True)
+    got = model(x)
+    # every add that feeds a norm: two a block, but the last block's output
+    # (it feeds the model's final norm, outside the blocks)
+    layers = CONFIGS[name][1]["num_hidden_layers"]
+    assert primitive_counts(got)["AddRMSNormPlugin"] == 2 * layers - 1
+    mlx_rmsnorm.unpatch()
+    again = model(x)
+    assert "AddRMSNormPlugin" not in graph_text(again)
+    scale = float(mx.abs(want).max())
+    assert float(mx.abs(got - want).max()) <= 2e-5 * scale
+    assert mx.array_equal(again, want)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma3_text", "gemma2"])
+def test_trains_like_unpatched(name):
+    ref, _ = train(name)
+    with mlx_rmsnorm.patched(fuse=True):
+        ours, grads = train(name)
+        text = graph_text(dict(tree_flatten(grads))["model.embed_tokens.weight"])
+    assert "AddRMSNormPluginVJP" in text
+    assert ours[-1] < ours[0]
+    for a, b in zip(ref, ours):
+        assert abs(a - b) <= 1e-4 * abs(a), (ref, ours)
+    assert not mlx_rmsnorm.is_fused()
+
+
+def test_bfloat16_model_logits_within_rounding():
+    # bf16 activations: the fused gradient and the fp32 1 + w differ from the
+    # unfused path by roundings only.
+    model = make("gemma3_text", mx.bfloat16)
+    x, _ = tokens()
+    want = model(x).astype(mx.float32)
+    with mlx_rmsnorm.patched(fuse=True):
+        got = model(x).astype(mx.float32)
+    rel = float(mx.abs(got - want).max() / mx.abs(want).max())
+    assert rel <= 5e-2, rel
+
+
+def test_unpatch_restores_every_class():
+    swapped = [(sw.module, sw.cls, sw.attr) for sws in _fuse.ARCHITECTURES.values() for sw in sws]
+    import importlib
+
+    before = {k: importlib.import_module(k[0]).__dict__[k[1]].__dict__[k[2]] for k in swapped}
+    mlx_rmsnorm.patch(fuse=True)
+    assert mlx_rmsnorm.is_fused() and mlx_rmsnorm.is_patched()
+    for k, orig in before.items():
+        assert importlib.import_module(k[0]).__dict__[k[1]].__dict__[k[2]] is not orig
+    mlx_rmsnorm.patch()  # without fuse: the rewrite stays
+    assert mlx_rmsnorm.is_fused()
+    mlx_rmsnorm.unpatch()
+    assert not mlx_rmsnorm.is_fused() and not mlx_rmsnorm.is_patched()
+    for k, orig in before.items():
+        assert importlib.import_module(k[0]).__dict__[k[1]].__dict__[k[2]] is orig
+
+
+def test_patched_blocks_nest():
+    with mlx_rmsnorm.patched():
+        assert not mlx_rmsnorm.is_fused()
+        with mlx_rmsnorm.patched(fuse=True):
+            assert mlx_rmsnorm.is_fused()
+        assert not mlx_rmsnorm.is_fused() and mlx_rmsnorm.is_patched()
+    assert not mlx_rmsnorm.is_patched()
+
+
+def test_unsupported_architecture_runs_as_under_patch():
+    from mlx_lm.models import phi3
+
+    args = phi3.ModelArgs(model_type="phi3", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                          num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                          vocab_size=VOCAB)
+    mx.random.seed(0)
+    model = phi3.Model(args)
+    x, _ = tokens()
+    with mlx_rmsnorm.patched():
+        want = model(x)
+        mx.eval(want)
+    with mlx_rmsnorm.patched(fuse=True):
+        got = model(x)
+        assert "AddRMSNormPlugin" not in graph_text(got)
+        assert "RMSNormPlugin" in graph_text(got)
+    assert mx.array_equal(got, want)
+
+
+def test_environment_and_cli_fuse(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("import mlx_rmsnorm; print('FUSED', mlx_rmsnorm.is_fused(), mlx_rmsnorm.is_patched())\n")
+    env = dict(os.environ, MLX_RMSNORM_PATCH="fuse")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert "FUSED True True" in out.stdout, out.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_RMSNORM")}
+    out = subprocess.run([sys.executable, "-m", "mlx_rmsnorm", "--fuse", str(script)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert "FUSED True True" in out.stdout, out.stderr
+    env["MLX_RMSNORM_PATCH"] = "1"
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert "FUSED False True" in out.stdout, out.stderr
+
+
+def test_checkpoints_are_unchanged(tmp_path):
+    model = make("gemma3_text")
+    names = sorted(k for k, _ in tree_flatten(model.parameters()))
+    mlx_rmsnorm.patch(fuse=True)
+    assert sorted(k for k, _ in tree_flatten(model.parameters())) == names
+    path = str(tmp_path / "w.safetensors")
+    model.save_weights(path)
+    fresh = make("gemma3_text")
+    fresh.load_weights(path)
+    x, _ = tokens()
+    assert mx.array_equal(fresh(x), model(x))
+    assert np.isfinite(np.array(model(x))).all()
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3_text"])
+def test_decode_with_kv_cache_matches(name):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model = make(name)
+    x, _ = tokens()
+
+    def generate():
+        cache = make_prompt_cache(model)
+        logits = model(x[:1], cache=cache)
+        out = [logits[:, -1]]
+        for _ in range(4):
+            y = mx.argmax(logits[:, -1], axis=-1)
+            logits = model(y[:, None], cache=cache)
+            out.append(logits[:, -1])
+        return mx.stack(out)
+
+    want = generate()
+    with mlx_rmsnorm.patched(fuse=True):
+        got = generate()
+    assert float(mx.abs(got - want).max()) <= 2e-5 * float(mx.abs(want).max())
+
+
+def test_block_output_read_elsewhere_still_correct():
+    # a caller that keeps each block's output (as a model that taps hidden
+    # states would): the deferred add then runs, values unchanged
+    model = make("llama")
+    x, _ = tokens()
+    h = model.model.embed_tokens(x)
+    mask = "causal"
+
+    def run():
+        outs, a = [], h
+        for layer in model.model.layers:
+            a = layer(a, mask)
+            outs.append(a)
+        return outs
+
+    want = run()
+    with mlx_rmsnorm.patched(fuse=True):
+        got = run()
+    for a, b in zip(got, want):
+        assert float(mx.abs(a - b).max()) <= 2e-5 * float(mx.abs(b).max())
