@@ -56,6 +56,11 @@ class NoMLXError(RuntimeError):
     pass
 
 
+class UnsupportedMLXError(RuntimeError):
+    """The installed MLX is outside the supported range, or its nanobind ABI
+    is one no known nanobind builds: the build stops before it starts."""
+
+
 def _mlx_env():
     """mlx_rmsnorm/_mlx_env.py as a module, without importing the package
     (which needs the extension being built)."""
@@ -174,9 +179,45 @@ def _pip_nvcc_requirements(flavor: str) -> list[str]:
     return [f"{name}{spec}" for name in PIP_NVCC_PACKAGES[flavor]]
 
 
+def check_supported(info: dict) -> None:
+    why = _mlx_env().unsupported(info)
+    if why:
+        raise UnsupportedMLXError(why)
+
+
+def nanobind_requirement(info: dict) -> str:
+    return _mlx_env().nanobind_requirement(info)
+
+
+def nanobind_mismatch(info: dict, version: str | None, abi: int | None) -> str | None:
+    """Why the nanobind of this build (``version``, building ABI ``abi``)
+    cannot build against ``info``'s MLX, or None."""
+    want = info.get("nanobind_abi")
+    if want is None or abi == want:
+        return None
+    found = f"nanobind {version} (ABI v{abi})" if version else "no nanobind"
+    return (
+        f"mlx {info['version']}'s Python module uses nanobind ABI v{want}, and this build "
+        f"has {found}; an extension built so would reject MLX's arrays. Install the "
+        f"matching one, then build again: pip install '{nanobind_requirement(info)}' "
+        "(`pip install .` with its isolated build, and ./run.sh, pick it by themselves).")
+
+
+def _stop(error: Exception):
+    # The message alone (pip shows the hook's output): no traceback.
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
 def _build_requirements() -> list[str]:
-    info = target_mlx()
-    reqs = ["nanobind>=2.4"]
+    try:
+        info = target_mlx()
+        check_supported(info)
+    except (NoMLXError, UnsupportedMLXError) as e:
+        _stop(e)
+    # The nanobind of MLX's own ABI (an extension built with another one
+    # imports and then rejects MLX's arrays).
+    reqs = [nanobind_requirement(info)]
     if find_cmake(info) is None:
         reqs.append("cmake>=%d.%d" % MIN_CMAKE)
     flavor = info.get("flavor") or ""
