@@ -44,6 +44,10 @@ echo "[run.sh] building mlx-rmsnorm against the installed MLX"
 # after an MLX upgrade ./run.sh is the rebuild. (No build isolation: the
 # tools above are already here; plain `pip install .` works too, see README.)
 pip_install --no-build-isolation --no-deps -e .
+# The .pth a regular install puts beside the package (MLX_RMSNORM_PATCH /
+# MLX_RMSNORM_REPORT at interpreter start); an editable install gets none.
+"$PY" build_backend/mlx_rmsnorm_build.py --pth \
+  >"$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/mlx_rmsnorm_autopatch.pth"
 
 case "${1:-main}" in
   test)

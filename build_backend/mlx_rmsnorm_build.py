@@ -42,15 +42,17 @@ PIP_NVCC_PACKAGES = {
 PIP_CUDA_SUBDIR = {"cuda13": "cu13"}
 MIN_CMAKE = (3, 24)
 
-# Installed beside the package (site-packages): honors MLX_RMSNORM_PATCH in
-# any program of the environment. It runs at every interpreter start, so it
-# only reads an environment variable unless that is set.
+# Installed beside the package (site-packages): honors MLX_RMSNORM_PATCH and
+# MLX_RMSNORM_REPORT in any program of the environment (the report alone
+# counts the built-in's primitives of a program that never imports us). It
+# runs at every interpreter start, so it only reads the environment unless
+# one of them is set.
 PTH_NAME = "mlx_rmsnorm_autopatch.pth"
 PTH_LINE = (
-    "import os; os.environ.get('MLX_RMSNORM_PATCH', '') not in ('', '0') "
+    "import os; any(os.environ.get(v, '') not in ('', '0') "
+    "for v in ('MLX_RMSNORM_PATCH', 'MLX_RMSNORM_REPORT')) "
     "and __import__('mlx_rmsnorm')\n"
 )
-
 
 class NoMLXError(RuntimeError):
     pass
@@ -242,3 +244,12 @@ def get_requires_for_build_editable(config_settings=None):
 def get_requires_for_build_sdist(config_settings=None):
     # An sdist is built anywhere: it pins nothing and needs no MLX.
     return _setuptools.get_requires_for_build_sdist(config_settings)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--pth"]:
+        raise SystemExit("usage: mlx_rmsnorm_build.py --pth")
+    # ./run.sh: its editable install gets no .pth from setuptools; it writes
+    # this one into site-packages so that the variables work there too.
+    sys.stdout.write(PTH_LINE)
+    raise SystemExit(0)

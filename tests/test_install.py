@@ -219,21 +219,47 @@ def test_find_nvcc_prefers_path_then_pip(monkeypatch, tmp_path):
     assert b.find_nvcc({"flavor": "cuda13", "pip_cuda_roots": []}) == ("/opt/cuda/bin/nvcc", None)
 
 
-@pytest.mark.parametrize("value,patched", [("1", True), ("0", False), (None, False)])
-def test_pth_hook_patches_at_interpreter_start(tmp_path, value, patched):
+@pytest.mark.parametrize("env,imported,patched,reported", [
+    ({"MLX_RMSNORM_PATCH": "1"}, True, True, False),
+    ({"MLX_RMSNORM_PATCH": "0"}, False, False, False),
+    ({}, False, False, False),
+    # the report alone (README): counts the built-in's primitives, unpatched
+    ({"MLX_RMSNORM_REPORT": "1"}, True, False, True),
+    ({"MLX_RMSNORM_PATCH": "1", "MLX_RMSNORM_REPORT": "1"}, True, True, True),
+])
+def test_pth_hook_at_interpreter_start(tmp_path, env, imported, patched, reported):
     b = _backend()
     (tmp_path / b.PTH_NAME).write_text(b.PTH_LINE)
-    # addsitedir runs the .pth as site.py would at start-up; then look.
+    # addsitedir runs the .pth as site.py would at start-up; then a program
+    # that never imports mlx_rmsnorm takes a gradient.
     code = textwrap.dedent(f"""
         import site, sys
         site.addsitedir({str(tmp_path)!r})
         print('mlx_rmsnorm' in sys.modules)
-        import mlx.core as mx, mlx_rmsnorm
-        print(mlx_rmsnorm.is_patched())
+        import mlx.core as mx, mlx.nn as nn
+        print('mlx_rmsnorm' in sys.modules and sys.modules['mlx_rmsnorm'].is_patched())
+        layer = nn.RMSNorm(16)
+        mx.eval(mx.grad(lambda x: layer(x).sum())(mx.ones((2, 16))))
     """)
-    r = _run(code, {} if value is None else {"MLX_RMSNORM_PATCH": value})
+    r = _run(code, env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == [str(patched), str(patched)]
+    assert r.stdout.split() == [str(imported), str(patched)]
+    line = [ln for ln in r.stderr.splitlines() if ln.startswith("mlx_rmsnorm report:")]
+    assert bool(line) == reported, r.stderr
+    if reported:
+        assert f"patched={patched} gradient_graphs=1" in line[0]
+        assert ("RMSNormPluginVJP=1" in line[0]) == patched
+
+
+def test_run_sh_writes_the_pth_of_a_regular_install():
+    # ./run.sh's editable install gets the same hook (so the README's
+    # variables work in .venv): the script prints the backend's line.
+    text = (ROOT / "run.sh").read_text()
+    assert "mlx_rmsnorm_build.py --pth" in text and "mlx_rmsnorm_autopatch.pth" in text
+    b = _backend()
+    r = subprocess.run([sys.executable, str(ROOT / "build_backend" / "mlx_rmsnorm_build.py"), "--pth"],
+                       capture_output=True, text=True, check=True)
+    assert r.stdout == b.PTH_LINE and b.PTH_NAME == "mlx_rmsnorm_autopatch.pth"
 
 
 # --- the nanobind ABI of the installed MLX decides the build's nanobind --------
