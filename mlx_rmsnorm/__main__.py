@@ -13,7 +13,7 @@ A first argument that names an existing file or ends in ``.py`` is a script;
 otherwise a module. ``--report`` (or MLX_RMSNORM_REPORT=1) prints at exit how
 many of our primitives and the built-in's the run's gradient graphs held.
 Without this wrapper, MLX_RMSNORM_PATCH=1 patches any program in the
-environment (README: "mlx-lm's command-line tools").
+environment (docs/api.md: "Patching programs you do not edit").
 """
 
 from __future__ import annotations
