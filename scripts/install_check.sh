@@ -8,11 +8,13 @@
 #      alone reports an unpatched run.
 #   3. Another MLX ($OLD_MLX) installed over it: `import mlx_rmsnorm` raises
 #      ImportError naming both versions; the rebuild command it prints fixes it.
+#      0.32.2 has another nanobind ABI (v21) than 0.32.4 (v22): the rebuild
+#      must take nanobind 2.15, or the extension would reject MLX's arrays.
 # Prints PASS/FAIL lines; exits non-zero on the first FAIL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MLX_VERSION="${MLX_VERSION:-0.32.4}"
-OLD_MLX="${OLD_MLX:-0.32.3}"
+OLD_MLX="${OLD_MLX:-0.32.2}"
 T="$(mktemp -d)"
 trap 'rm -rf "$T"' EXIT
 PY="$T/venv/bin/python"
