@@ -22,7 +22,8 @@ mx::array scalar(double v, mx::Dtype t) { return mx::array(v, t); }
 // ~1e-13 with eps = 0, while here every derivative (of any order, forward
 // or reverse mode) multiplies by k one factor at a time and forms nothing
 // larger than the result it is part of. A power of two scales exactly, so r
-// is the plain formula's value. Plain MLX ops only (no custom_function,
+// is the plain formula's value (up to rsqrt's rounding, and pow's where the
+// device's pow(2, integer) is not exact). Plain MLX ops only (no custom_function,
 // whose CustomTransforms node cannot infer output shapes): the graphs of
 // float64, vmap and higher-order gradients compile with shapeless=True.
 mx::array rstd(const mx::array& x, float eps, mx::Stream s) {
