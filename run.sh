@@ -32,7 +32,11 @@ if [ -z "${CUDACXX:-}" ] && ! command -v nvcc >/dev/null 2>&1 \
   pip_install "nvidia-cuda-nvcc>=13,<14" "nvidia-cuda-crt>=13,<14" "nvidia-cuda-cccl>=13,<14" \
     "nvidia-nvvm>=13,<14" "nvidia-cuda-runtime>=13,<14"
 fi
-pip_install setuptools wheel "nanobind>=2.4" "cmake>=3.24" numpy pytest hypothesis tqdm matplotlib \
+# The nanobind of the installed MLX's ABI (mlx/core*.so carries it; another
+# one builds an extension that rejects MLX's arrays); stops on an MLX outside
+# the supported range, saying which to install.
+NANOBIND="$("$PY" mlx_rmsnorm/_mlx_env.py --nanobind-requirement)" || exit 1
+pip_install setuptools wheel "$NANOBIND" "cmake>=3.24" numpy pytest hypothesis tqdm matplotlib \
   "mlx-lm==0.32.2"  # the tests train tiny mlx-lm models with patch()
 echo "[run.sh] building mlx-rmsnorm against the installed MLX"
 # Editable: the extension is built into mlx_rmsnorm/, so the package imports
@@ -40,6 +44,10 @@ echo "[run.sh] building mlx-rmsnorm against the installed MLX"
 # after an MLX upgrade ./run.sh is the rebuild. (No build isolation: the
 # tools above are already here; plain `pip install .` works too, see README.)
 pip_install --no-build-isolation --no-deps -e .
+# The .pth a regular install puts beside the package (MLX_RMSNORM_PATCH /
+# MLX_RMSNORM_REPORT at interpreter start); an editable install gets none.
+"$PY" build_backend/mlx_rmsnorm_build.py --pth \
+  >"$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/mlx_rmsnorm_autopatch.pth"
 
 case "${1:-main}" in
   test)

@@ -18,13 +18,35 @@ import mlx_rmsnorm_build as backend  # noqa: E402
 
 def _target_or_none():
     try:
-        return backend.target_mlx()
+        info = backend.target_mlx()
+        backend.check_supported(info)
+        return info
     except backend.NoMLXError:
         # An sdist is built without MLX; it carries the open requirement and
         # is pinned when it is built into a wheel.
         if "sdist" in sys.argv[1:]:
             return None
         raise SystemExit(f"error: {sys.exc_info()[1]}")  # the message, not a traceback
+    except backend.UnsupportedMLXError as e:
+        if "sdist" in sys.argv[1:]:
+            return None
+        raise SystemExit(f"error: {e}")
+
+
+def _check_nanobind(info):
+    """The nanobind this build uses must build MLX's own nanobind ABI (see
+    _mlx_env.NANOBIND_FOR_ABI): stop before compiling anything otherwise."""
+    try:
+        import nanobind
+
+        version = nanobind.__version__
+        abi = backend._mlx_env().nanobind_internals_version(nanobind.source_dir())
+    except ImportError:
+        version, abi = None, None
+    why = backend.nanobind_mismatch(info, version, abi)
+    if why:
+        raise SystemExit(f"error: {why}")
+    return version
 
 
 def _nanobind_dir():
@@ -44,6 +66,7 @@ class CMakeExtension(Extension):
 class CMakeBuild(build_ext):
     def build_extension(self, ext):
         info = backend.target_mlx()
+        nanobind_version = _check_nanobind(info)
         out = Path(self.get_ext_fullpath(ext.name)).resolve().parent
         out.mkdir(parents=True, exist_ok=True)
         cfg = "Debug" if (self.debug or os.environ.get("DEBUG") == "1") else "Release"
@@ -55,6 +78,8 @@ class CMakeBuild(build_ext):
             # libmlx next to us in site-packages; never the build's own paths.
             "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
             "-DCMAKE_INSTALL_RPATH=$ORIGIN;$ORIGIN/../mlx/lib",
+            # in the cache, so that another nanobind starts a fresh build
+            f"-DMLX_RMSNORM_NANOBIND_VERSION={nanobind_version}",
         ]
         if info.get("cudnn_root"):
             args.append(f"-DMLX_RMSNORM_CUDNN_ROOT={info['cudnn_root']}")
@@ -76,7 +101,8 @@ class CMakeBuild(build_ext):
         tmp = Path(self.build_temp).resolve() / ext.name
         tmp.mkdir(parents=True, exist_ok=True)
         self._drop_stale_cache(tmp, [info["mlx_root"], sys.executable, nvcc[0] if nvcc else "",
-                                     _nanobind_dir()])
+                                     _nanobind_dir(),
+                                     f"MLX_RMSNORM_NANOBIND_VERSION:UNINITIALIZED={nanobind_version}"])
         # The exact binary the backend vetted: a `cmake` first on PATH may be
         # an entry-point script that cannot run under pip's isolation.
         cmake = backend.find_cmake(info)
@@ -127,7 +153,9 @@ class CMakeBuild(build_ext):
 
 _info = _target_or_none()
 setup(
-    install_requires=[backend._mlx_env().requirement(_info) if _info else "mlx>=0.32", "numpy"],
+    # A wheel pins the MLX it was built against; an sdist the supported range.
+    install_requires=[backend._mlx_env().requirement(_info) if _info else
+                      "mlx>={},<={}".format(*backend._mlx_env().SUPPORTED_MLX), "numpy"],
     ext_modules=[CMakeExtension("mlx_rmsnorm._ext")],
     cmdclass={"build_ext": CMakeBuild},
     packages=["mlx_rmsnorm"],

@@ -42,18 +42,25 @@ PIP_NVCC_PACKAGES = {
 PIP_CUDA_SUBDIR = {"cuda13": "cu13"}
 MIN_CMAKE = (3, 24)
 
-# Installed beside the package (site-packages): honors MLX_RMSNORM_PATCH in
-# any program of the environment. It runs at every interpreter start, so it
-# only reads an environment variable unless that is set.
+# Installed beside the package (site-packages): honors MLX_RMSNORM_PATCH and
+# MLX_RMSNORM_REPORT in any program of the environment (the report alone
+# counts the built-in's primitives of a program that never imports us). It
+# runs at every interpreter start, so it only reads the environment unless
+# one of them is set.
 PTH_NAME = "mlx_rmsnorm_autopatch.pth"
 PTH_LINE = (
-    "import os; os.environ.get('MLX_RMSNORM_PATCH', '') not in ('', '0') "
+    "import os; any(os.environ.get(v, '') not in ('', '0') "
+    "for v in ('MLX_RMSNORM_PATCH', 'MLX_RMSNORM_REPORT')) "
     "and __import__('mlx_rmsnorm')\n"
 )
 
-
 class NoMLXError(RuntimeError):
     pass
+
+
+class UnsupportedMLXError(RuntimeError):
+    """The installed MLX is outside the supported range, or its nanobind ABI
+    is one no known nanobind builds: the build stops before it starts."""
 
 
 def _mlx_env():
@@ -174,9 +181,45 @@ def _pip_nvcc_requirements(flavor: str) -> list[str]:
     return [f"{name}{spec}" for name in PIP_NVCC_PACKAGES[flavor]]
 
 
+def check_supported(info: dict) -> None:
+    why = _mlx_env().unsupported(info)
+    if why:
+        raise UnsupportedMLXError(why)
+
+
+def nanobind_requirement(info: dict) -> str:
+    return _mlx_env().nanobind_requirement(info)
+
+
+def nanobind_mismatch(info: dict, version: str | None, abi: int | None) -> str | None:
+    """Why the nanobind of this build (``version``, building ABI ``abi``)
+    cannot build against ``info``'s MLX, or None."""
+    want = info.get("nanobind_abi")
+    if want is None or abi == want:
+        return None
+    found = f"nanobind {version} (ABI v{abi})" if version else "no nanobind"
+    return (
+        f"mlx {info['version']}'s Python module uses nanobind ABI v{want}, and this build "
+        f"has {found}; an extension built so would reject MLX's arrays. Install the "
+        f"matching one, then build again: pip install '{nanobind_requirement(info)}' "
+        "(`pip install .` with its isolated build, and ./run.sh, pick it by themselves).")
+
+
+def _stop(error: Exception):
+    # The message alone (pip shows the hook's output): no traceback.
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
 def _build_requirements() -> list[str]:
-    info = target_mlx()
-    reqs = ["nanobind>=2.4"]
+    try:
+        info = target_mlx()
+        check_supported(info)
+    except (NoMLXError, UnsupportedMLXError) as e:
+        _stop(e)
+    # The nanobind of MLX's own ABI (an extension built with another one
+    # imports and then rejects MLX's arrays).
+    reqs = [nanobind_requirement(info)]
     if find_cmake(info) is None:
         reqs.append("cmake>=%d.%d" % MIN_CMAKE)
     flavor = info.get("flavor") or ""
@@ -201,3 +244,12 @@ def get_requires_for_build_editable(config_settings=None):
 def get_requires_for_build_sdist(config_settings=None):
     # An sdist is built anywhere: it pins nothing and needs no MLX.
     return _setuptools.get_requires_for_build_sdist(config_settings)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--pth"]:
+        raise SystemExit("usage: mlx_rmsnorm_build.py --pth")
+    # ./run.sh: its editable install gets no .pth from setuptools; it writes
+    # this one into site-packages so that the variables work there too.
+    sys.stdout.write(PTH_LINE)
+    raise SystemExit(0)

@@ -273,6 +273,16 @@ def layer_norm_seconds(calls, frozen, reps):
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def _progress(total, desc):
+    """A bar on stderr that moves every round of a variant (a CPU run of the
+    full-size models takes many minutes); None without tqdm."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=desc, unit="round", file=sys.stderr)
+
+
 def spread(values, scale=1.0, fmt="{:.2f}"):
     v = [scale * x for x in values]
     return f"{fmt.format(statistics.median(v))} [{fmt.format(min(v))}-{fmt.format(max(v))}]"
@@ -291,6 +301,7 @@ def bench(name, frozen, args):
     steps = {}
     round_ms = {v: [] for v, _, _ in VARIANTS}
     nodes = {}
+    progress = _progress(args.rounds * len(VARIANTS), f"{name}, norms {'frozen' if frozen else 'trained'}")
     for r in range(args.rounds):
         for variant, plugin, fuse in VARIANTS:
             set_variant(plugin, fuse)
@@ -312,6 +323,10 @@ def bench(name, frozen, args):
             if not mx.isfinite(loss).item():
                 raise SystemExit(f"{name}: non-finite loss in a {variant} round")
             round_ms[variant].append(1e3 * statistics.median(times))
+            if progress is not None:
+                progress.update(1)
+    if progress is not None:
+        progress.close()
     mlx_rmsnorm.unpatch()
     del steps, step, state, loss, opt, model, batches, tokens  # free before the norm timing
     mx.clear_cache()

@@ -100,7 +100,7 @@ from ._patching import (  # noqa: E402
 )
 
 # MLX_RMSNORM_PATCH / MLX_RMSNORM_REPORT (the .pth installed with the package
-# imports us at interpreter start when MLX_RMSNORM_PATCH is set).
+# imports us at interpreter start when either is set).
 from ._autopatch import from_environment as _from_environment  # noqa: E402
 
 _from_environment()

@@ -17,7 +17,7 @@ many of our primitives and the built-in's the run's gradient graphs held.
 qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3_text) run their residual add
 and norm as one ``add_rms_norm``.
 Without this wrapper, MLX_RMSNORM_PATCH=1 patches any program in the
-environment (README: "mlx-lm's command-line tools").
+environment (docs/api.md: "Patching programs you do not edit").
 """
 
 from __future__ import annotations

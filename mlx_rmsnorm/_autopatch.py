@@ -7,7 +7,9 @@ MLX_RMSNORM_PATCH=1   ``patch()`` at ``import mlx_rmsnorm`` (``=fuse``:
                       start when the variable is set, so any program in the
                       environment (``mlx_lm.lora``, a script) runs patched.
 MLX_RMSNORM_REPORT=1  at exit, print to stderr how many RMSNorm and LayerNorm
-                      primitives (ours and the built-in's) the gradient graphs held. On
+                      primitives (ours and the built-in's) the gradient graphs
+                      held. The .pth imports the package for this variable
+                      too, so on its own it reports an unpatched program. On
                       the CPU MLX expands the built-in into elementary ops,
                       so there only ours are counted.
 """

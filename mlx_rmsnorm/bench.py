@@ -1,18 +1,23 @@
 """Benchmark: mlx-rmsnorm against MLX's built-in mx.fast.rms_norm.
 
     python -m mlx_rmsnorm.bench [--training | --no-sweep | --sections LIST]
-                                [--quick] [--dtype bfloat16] [--out DIR]
+                                [--quick | --full] [--dtype bfloat16] [--out DIR]
     python -m mlx_rmsnorm.bench --generate [--quick] [--out DIR]
 
-The default run (no section chosen) ends with the generation benchmark
-(mlx_rmsnorm/bench_generate.py: prefill and per-token decode of mlx-lm
-models, built-in vs patch()); --generate runs it alone.
+On a CPU, the default is the quick cases (a few tiny shapes per section,
+seconds to a minute); --full there runs every shape (hours). On a GPU with our
+kernels the default is the full run. A progress bar moves at every round of
+every case (tqdm, on stderr). The default run (no section chosen) ends with
+the generation benchmark (mlx_rmsnorm/bench_generate.py: prefill and
+per-token decode of mlx-lm models, built-in vs patch()); --generate runs it
+alone.
 
 Sections (the default run has all four; --training = training,decode;
---no-sweep = table):
+--no-sweep = table); each is one entry of SECTION_SPECS below:
   table     the nine reference shapes: ceiling, ours ("auto": rms_norm_vjp
-            as the plan picks it; "naive": the seed's 3-kernel chain), mx.fast;
-  sweep     the seed's M sweep at N = 2048, 4096, 8192 (same contenders);
+            as the plan picks it; "naive": the three-kernel baseline chain, on
+            the GPU only: the CPU path has one algorithm), mx.fast;
+  sweep     M from 1024 to 65536 at N = 2048, 4096, 8192 (same contenders);
   training  the shapes a training step calls: M x N in {4096..32768} x
             {896..8192} and the QK-norm rows {65536..262144} x {64, 128, 256};
             forward, backward (gx and gw) and backward with gx only (a frozen
@@ -53,9 +58,12 @@ import argparse
 import csv
 import json
 import os
+import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import mlx.core as mx
 
@@ -70,7 +78,7 @@ except ImportError:  # the patching state lived in __init__ before
 from ._patching import BUILTIN_LAYER_NORM as _builtin_layer_norm
 
 # The nine shapes of the reference table (H200 numbers for QuACK, the
-# built-in, Liger and torch were measured on these), then the seed's sweep.
+# built-in, Liger and torch were measured on these), then the M sweep.
 SHAPES = [
     (16384, 8192), (16384, 4096), (32768, 2048), (65536, 1024), (262144, 128),
     (4096, 8192), (16384, 2880), (8192, 16384), (4096, 32768),
@@ -91,19 +99,11 @@ DECODE_N = [1024, 2048, 4096, 8192]
 DECODE_HEADS = [8, 32]
 DECODE_HEAD_DIM = 128
 
-QUICK = {
-    "table": [(256, 128), (128, 1024), (64, 4099)],
-    "sweep": [(64, 1024), (128, 1024)],
-    "training": [(128, 896), (64, 1024), (512, 64)],
-    "decode": [(1, 1024), (8, 2048), (1, 8, 128)],
-}
-SECTIONS = ["table", "sweep", "training", "decode"]
-# LayerNorm (issue 24): asked for by name (--sections ln_training,ln_table),
-# not part of the default run. See the LayerNorm functions below.
-LN_SECTIONS = ["ln_training", "ln_table"]
+# LayerNorm (issue 24): sections asked for by name (--sections
+# ln_training,ln_table), not part of the default run; see the LayerNorm
+# functions below.
 LN_TRAIN_M = [8192, 16384, 32768]
 LN_TRAIN_N = [768, 1024, 1280, 2048, 2560, 4096, 5120, 8192]
-QUICK.update({"ln_training": [(128, 768), (64, 1024)], "ln_table": [(256, 128), (64, 4099)]})
 
 EPS = 1e-5
 L2_BYTES = 64 << 20  # rotate inputs over more than the L2 (50 MiB on H100/H200)
@@ -121,13 +121,44 @@ DIRECTION_TITLE = {
 }
 
 
-def _progress(items, desc):
-    try:
-        from tqdm import tqdm
+class _Progress:
+    """One bar over every round of every case (a round times each contender
+    of a case once), so it moves within a long case too; the description
+    names the case. A plain line per case without tqdm."""
 
-        return tqdm(items, desc=desc, file=sys.stderr)
-    except ImportError:  # progress is a nicety, never a requirement
-        return items
+    def __init__(self, total, n_cases):
+        self.n_cases = n_cases
+        try:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="round", file=sys.stderr, dynamic_ncols=True)
+        except ImportError:  # progress is a nicety, never a requirement
+            self.bar = None
+
+    def case(self, i, kind, label):
+        text = f"case {i + 1}/{self.n_cases}: {kind} {label}"
+        if self.bar is not None:
+            self.bar.set_description(text)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def round_done(self):
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def device_name(device):
+    """A readable name: the GPU's own (e.g. "NVIDIA H200"), or the CPU's."""
+    if device == mx.gpu:
+        try:
+            return str(mx.device_info().get("device_name") or "GPU")
+        except Exception:
+            return "GPU"
+    return f"CPU ({platform.machine() or 'unknown'}, {os.cpu_count()} threads)"
 
 
 # ---------------------------------------------------------------- contenders
@@ -146,30 +177,8 @@ def _vjp_gx(norm, w):
     return f
 
 
-def contenders(kind, w):
-    """[(direction, impl, fn(x, g))]: one shape's figures. The ceilings come
-    first only for readability; every repeat rotates the order anyway."""
-    if kind in LN_SECTIONS:
-        return ln_contenders(w)
-    fwd_ceiling = ("fwd", CEILING["fwd"], lambda x, g: -x)
-    if kind == "decode":
-        return [fwd_ceiling,
-                ("fwd", "ours", lambda x, g: rms_norm(x, w, EPS)),
-                ("fwd", BUILTIN, lambda x, g: _builtin_rms_norm(x, w, EPS))]
-    if kind == "training":
-        return [("bwd", CEILING["bwd"], lambda x, g: x + g),
-                ("bwd", "ours", _vjp_both(rms_norm, w)),
-                ("bwd", BUILTIN, _vjp_both(_builtin_rms_norm, w)),
-                ("bwd_gx", "ours", _vjp_gx(rms_norm, w)),
-                ("bwd_gx", BUILTIN, _vjp_gx(_builtin_rms_norm, w)),
-                fwd_ceiling,
-                ("fwd", "ours", lambda x, g: rms_norm(x, w, EPS)),
-                ("fwd", BUILTIN, lambda x, g: _builtin_rms_norm(x, w, EPS))]
-    return [("bwd", CEILING["bwd"], lambda x, g: x + g),
-            ("bwd", "ours auto", lambda x, g: rms_norm_vjp(x, w, g, EPS)),
-            ("bwd", "ours naive", lambda x, g: rms_norm_vjp(x, w, g, EPS, algorithm="naive")),
-            ("bwd", BUILTIN, _vjp_both(_builtin_rms_norm, w)),
-            fwd_ceiling,
+def _fwd_figures(w):
+    return [("fwd", CEILING["fwd"], lambda x, g: -x),
             ("fwd", "ours", lambda x, g: rms_norm(x, w, EPS)),
             ("fwd", BUILTIN, lambda x, g: _builtin_rms_norm(x, w, EPS))]
 
@@ -180,13 +189,7 @@ def contenders(kind, w):
 # mx.grad reaches them (mx.vjp of the forward), and the ceilings on the same
 # bytes (bwd: x + g; fwd: -x).
 
-def ln_cases(kind):
-    if kind == "ln_table":
-        return [(kind, s) for s in SHAPES]
-    return [(kind, (m, n)) for n in LN_TRAIN_N for m in LN_TRAIN_M]
-
-
-def ln_contenders(w):
+def ln_contenders(w, gpu):
     b = (0.1 * (w - 1)).astype(w.dtype)  # a bias in w's dtype, as in a checkpoint
     mx.eval(b)
 
@@ -210,6 +213,79 @@ def ln_contenders(w):
             ("fwd", BUILTIN, lambda x, g: _builtin_layer_norm(x, w, b, EPS))]
 
 
+def _decode_contenders(w, gpu):
+    return _fwd_figures(w)
+
+
+def _training_contenders(w, gpu):
+    return [("bwd", CEILING["bwd"], lambda x, g: x + g),
+            ("bwd", "ours", _vjp_both(rms_norm, w)),
+            ("bwd", BUILTIN, _vjp_both(_builtin_rms_norm, w)),
+            ("bwd_gx", "ours", _vjp_gx(rms_norm, w)),
+            ("bwd_gx", BUILTIN, _vjp_gx(_builtin_rms_norm, w))] + _fwd_figures(w)
+
+
+def _table_contenders(w, gpu):
+    figs = [("bwd", CEILING["bwd"], lambda x, g: x + g),
+            ("bwd", "ours auto", lambda x, g: rms_norm_vjp(x, w, g, EPS))]
+    if gpu:  # the CPU path has one algorithm: a naive row would time it twice
+        figs.append(("bwd", "ours naive", lambda x, g: rms_norm_vjp(x, w, g, EPS, algorithm="naive")))
+    return figs + [("bwd", BUILTIN, _vjp_both(_builtin_rms_norm, w))] + _fwd_figures(w)
+
+
+def _training_shapes():
+    return ([(m, n) for n in TRAIN_N for m in TRAIN_M]
+            + [(m, n) for n in QK_N for m in QK_M])
+
+
+def _decode_shapes():
+    return ([(r, n) for n in DECODE_N for r in DECODE_ROWS]
+            + [(r, h, DECODE_HEAD_DIM) for h in DECODE_HEADS for r in DECODE_ROWS])
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of the benchmark. A new one (another op, another set of
+    shapes) is one more entry in SECTION_SPECS: its shapes, its contenders
+    (direction, impl, fn(x, g)) with a ceiling and the built-in per
+    direction (CEILING, BUILTIN, DIRECTION_TITLE, BYTES name the
+    directions), and how its table is printed."""
+    shapes: Callable[[], list]  # a full run's shapes: (M, N) or (rows, heads, N)
+    quick: list  # a few tiny shapes (CI, CPU)
+    contenders: Callable  # (w, gpu: bool) -> [(direction, impl, fn(x, g))]
+    layout: str = "direction"  # "direction": ours beside the built-in; "impl": a line per figure
+    count_build: bool = False  # the figure includes graph building (host-bound shapes)
+    min_calls: int = 0  # at least this many calls per eval
+    title: str = ""
+    default: bool = True  # part of a run that names no section
+
+
+SECTION_SPECS = {
+    "table": Section(lambda: list(SHAPES), [(256, 128), (128, 1024), (64, 4099)],
+                     _table_contenders, layout="impl", title="nine shapes"),
+    "sweep": Section(lambda: [(m, n) for n in SWEEP_N for m in SWEEP_M], [(64, 1024), (128, 1024)],
+                     _table_contenders, layout="impl", title="sweep"),
+    "training": Section(_training_shapes, [(128, 896), (64, 1024), (512, 64)],
+                        _training_contenders, title="training"),
+    "decode": Section(_decode_shapes, [(1, 1024), (8, 2048), (1, 8, 128)], _decode_contenders,
+                      count_build=True, min_calls=DECODE_CALLS, title="decode"),
+    "ln_training": Section(lambda: [(m, n) for n in LN_TRAIN_N for m in LN_TRAIN_M],
+                           [(128, 768), (64, 1024)], ln_contenders,
+                           title="LayerNorm training", default=False),
+    "ln_table": Section(lambda: list(SHAPES), [(256, 128), (64, 4099)], ln_contenders,
+                        title="LayerNorm nine shapes", default=False),
+}
+SECTIONS = [name for name, spec in SECTION_SPECS.items() if spec.default]
+LN_SECTIONS = [name for name, spec in SECTION_SPECS.items() if name.startswith("ln_")]
+QUICK = {name: spec.quick for name, spec in SECTION_SPECS.items()}
+
+
+def contenders(kind, w, gpu=True):
+    """[(direction, impl, fn(x, g))]: one shape's figures. The ceilings come
+    first only for readability; every repeat rotates the order anyway."""
+    return SECTION_SPECS[kind].contenders(w, gpu)
+
+
 def parse_shapes(text):
     """"8192x4096,1x8x128" -> [(8192, 4096), (1, 8, 128)]."""
     try:
@@ -227,22 +303,9 @@ def cases(sections, quick, shapes=None):
     `shapes` replaces every section's own list."""
     out = []
     for kind in sections:
-        if shapes:
-            out += [(kind, s) for s in shapes]
-        elif quick:
-            out += [(kind, s) for s in QUICK[kind]]
-        elif kind == "table":
-            out += [(kind, s) for s in SHAPES]
-        elif kind == "sweep":
-            out += [(kind, (m, n)) for n in SWEEP_N for m in SWEEP_M]
-        elif kind == "training":
-            out += [(kind, (m, n)) for n in TRAIN_N for m in TRAIN_M]
-            out += [(kind, (m, n)) for n in QK_N for m in QK_M]
-        elif kind in LN_SECTIONS:
-            out += ln_cases(kind)
-        elif kind == "decode":
-            out += [(kind, (r, n)) for n in DECODE_N for r in DECODE_ROWS]
-            out += [(kind, (r, h, DECODE_HEAD_DIM)) for h in DECODE_HEADS for r in DECODE_ROWS]
+        spec = SECTION_SPECS[kind]
+        chosen = shapes or (spec.quick if quick else spec.shapes())
+        out += [(kind, tuple(s)) for s in chosen]
     return out
 
 
@@ -282,7 +345,7 @@ def _sample_single(fn, sets, i):
     return time.perf_counter() - t0
 
 
-def time_interleaved(figures, sets, calls, repeats, singles):
+def time_interleaved(figures, sets, calls, repeats, singles, on_round=None):
     """Samples for every figure: {index: dict(build=[], many=[], single=[])}.
     Round 0 is a warm-up (plans, kernel handles, MLX's graph cache, our pool's
     cache) and is dropped; each later round times every figure once, in an
@@ -304,6 +367,8 @@ def time_interleaved(figures, sets, calls, repeats, singles):
             for i in range(k):
                 for key in ("build", "many", "single"):
                     samples[i][key] += round_[i][key]
+        if on_round is not None:
+            on_round()
     return samples
 
 
@@ -316,15 +381,16 @@ def _stats(values):
     return dict(med=statistics.median(v), min=v[0], max=v[-1], q1=q1, q3=q3)
 
 
-def run_case(kind, shape, dtype, calls, repeats, singles, device):
+def run_case(kind, shape, dtype, calls, repeats, singles, device, on_round=None):
+    spec = SECTION_SPECS[kind]
     size = dtype.size
     numel = 1
     for d in shape:
         numel *= d
     tensor = numel * size
     n = shape[-1]
-    if kind == "decode":
-        calls = max(calls, DECODE_CALLS)
+    calls = max(calls, spec.min_calls)
+    if spec.count_build:  # tiny tensors: the L2 holds them anyway
         n_sets = 4
     else:
         n_sets = max(2, min(MAX_SETS, -(-L2_BYTES // tensor) + 1))
@@ -332,8 +398,8 @@ def run_case(kind, shape, dtype, calls, repeats, singles, device):
                 "bwd_gx": 3 * tensor + n * size}
     with mx.stream(device):
         sets, w = _inputs(shape, dtype, n_sets)
-        figs = contenders(kind, w)
-        samples = time_interleaved([f for _, _, f in figs], sets, calls, repeats, singles)
+        figs = contenders(kind, w, gpu=device == mx.gpu)
+        samples = time_interleaved([f for _, _, f in figs], sets, calls, repeats, singles, on_round)
     del sets, w
     mx.clear_cache()
     _trim()
@@ -342,11 +408,11 @@ def run_case(kind, shape, dtype, calls, repeats, singles, device):
     m = numel // n
     # Decode: the host's graph building is the cost a generation step pays
     # for every call, so it is part of the figure there.
-    timing = "build+eval" if kind == "decode" else "eval"
+    timing = "build+eval" if spec.count_build else "eval"
     per_repeat = {}
     for i, (direction, impl, _) in enumerate(figs):
         s = samples[i]
-        us = [1e6 * (b + e) if kind == "decode" else 1e6 * e for b, e in zip(s["build"], s["many"])]
+        us = [1e6 * (b + e) if spec.count_build else 1e6 * e for b, e in zip(s["build"], s["many"])]
         per_repeat[direction, impl] = us
     # gx-only shares the backward's ceiling (same bytes but gw, which is tiny)
     for direction in ("bwd_gx",):
@@ -601,7 +667,7 @@ def print_direction_table(rows, kind, direction):
     if not shapes:
         return
     first = _get(rows, kind, shapes[0], direction, "ours")
-    what = ("us per call incl. graph building" if kind == "decode"
+    what = ("us per call incl. graph building" if SECTION_SPECS[kind].count_build
             else "us per call")
     print(f"\n{kind}, {DIRECTION_TITLE[direction]}: {what}, {first['calls']} calls per eval, "
           f"median [min-max] of {first['repeats']} interleaved repeats; "
@@ -632,8 +698,7 @@ def plot(rows, path, title):
         print("matplotlib not installed: no plot", file=sys.stderr)
         return False
     present = {(r["kind"], r["direction"]) for r in rows}
-    panels = [(k, d) for k in ("training", "decode", "table", "sweep", *LN_SECTIONS)
-              for d in ("fwd", "bwd", "bwd_gx") if (k, d) in present]
+    panels = [(k, d) for k in SECTION_SPECS for d in DIRECTION_TITLE if (k, d) in present]
     width = max(8.0, 0.28 * max(len({r["shape"] for r in rows if (r["kind"], r["direction"]) == p})
                                 for p in panels))
     fig, axes = plt.subplots(len(panels), 1, figsize=(width, 3.2 * len(panels)), squeeze=False)
@@ -660,7 +725,7 @@ def plot(rows, path, title):
         ax.set_xticks(list(xs))
         ax.set_xticklabels(shapes, rotation=60, ha="right", fontsize=7)
         ax.set_ylabel("% of ceiling")
-        what = " (us incl. graph building)" if kind == "decode" else ""
+        what = " (us incl. graph building)" if SECTION_SPECS[kind].count_build else ""
         ax.set_title(f"{kind}: {DIRECTION_TITLE[direction]}, vs {CEILING[direction]}{what}",
                      fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
@@ -699,7 +764,11 @@ def parse_sections(args):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a few small shapes per section (CI, CPU)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true",
+                      help="a few small shapes per section (CI; the default on a CPU)")
+    size.add_argument("--full", action="store_true",
+                      help="every shape even on a CPU (hours there; the default on a GPU)")
     p.add_argument("--training", action="store_true", help="only the training and decode shapes")
     p.add_argument("--no-sweep", action="store_true", help="only the nine table shapes")
     p.add_argument("--sections", default="",
@@ -726,52 +795,77 @@ def main(argv=None):
 
     device = mx.gpu if gpu and has_cuda_kernels else mx.cpu
     dtype = getattr(mx, args.dtype)
-    if args.quick:
+    # The full run is hours of tiny-kernel timing on a CPU: there the quick
+    # cases are the default, and the first line says so.
+    quick = args.quick or (device == mx.cpu and not args.full and not shapes)
+    if quick:
         args.calls, args.repeats, args.singles = min(args.calls, 4), min(args.repeats, 3), 1
     if args.fused:
-        print(f"device: {device}, dtype: {args.dtype}, section: fused, {args.calls} calls per "
-              f"eval, {args.repeats} interleaved repeats (+1 warm-up)")
+        args.quick = quick
+        print(f"device: {device_name(device)}, dtype: {args.dtype}, section: fused, {args.calls} "
+              f"calls per eval, {args.repeats} interleaved repeats (+1 warm-up)")
         return fused_main(args, device, dtype, shapes)
-    print(f"device: {device}, dtype: {args.dtype}, sections: {','.join(sections)}, "
-          f"{args.calls} calls per eval, {args.repeats} interleaved repeats "
-          f"(+1 warm-up), {args.singles} one-call evals per repeat")
+    run = cases(sections, quick, shapes)
+    if device == mx.cpu and quick and not args.quick:
+        print(f"CPU run: the quick cases ({len(run)} tiny shapes, seconds to a minute); "
+              f"--full runs all {len(cases(sections, False))} (hours on a CPU). "
+              "The GPU figures are in docs/performance.md.")
+    name = device_name(device)
+    print(f"device: {name}, dtype: {args.dtype}, sections: {','.join(sections)}, "
+          f"{len(run)} cases, {args.calls} calls per eval, {args.repeats} interleaved repeats "
+          f"(+1 warm-up), {args.singles} one-call evals per repeat", flush=True)
     t_start = time.perf_counter()
     rows = []
-    for kind, shape in _progress(cases(sections, args.quick, shapes), "cases"):
-        rows += run_case(kind, shape, dtype, args.calls, args.repeats, args.singles, device)
+    progress = _Progress(len(run) * (args.repeats + 1), len(run))
+    try:
+        for i, (kind, shape) in enumerate(run):
+            progress.case(i, kind, "x".join(map(str, shape)))
+            rows += run_case(kind, shape, dtype, args.calls, args.repeats, args.singles, device,
+                             on_round=progress.round_done)
+    finally:
+        progress.close()
     elapsed = time.perf_counter() - t_start
 
     os.makedirs(args.out, exist_ok=True)
     suffix = "" if sections == SECTIONS else "_" + "-".join(sections)
     base = os.path.join(args.out, f"bench_{args.dtype}{suffix}")
-    write_outputs(rows, base, dict(device=str(device), dtype=args.dtype, sections=sections,
-                                   calls=args.calls, repeats=args.repeats, quick=args.quick,
+    write_outputs(rows, base, dict(device=name, dtype=args.dtype, sections=sections,
+                                   calls=args.calls, repeats=args.repeats, quick=quick,
                                    seconds=elapsed))
     what = "LayerNorm" if set(sections) <= set(LN_SECTIONS) else "RMSNorm"
-    if plot(rows, base + ".png", f"{what} {args.dtype} on {device}: median and min-max of "
+    if plot(rows, base + ".png", f"{what} {args.dtype} on {name}: median and min-max of "
                                  f"{args.repeats} interleaved repeats"):
         print(f"plot: {base}.png")
-    if "sweep" in sections:
-        print(f"\nsweep: us per call, {args.calls} calls per eval, median [min-max] of "
-              f"{args.repeats} interleaved repeats")
-        print_impl_table(rows, "sweep")
-    for kind in ("training", "decode", *LN_SECTIONS):
-        for direction in ("fwd", "bwd", "bwd_gx"):
-            print_direction_table(rows, kind, direction)
-    if "table" in sections:
-        print(f"\nnine shapes: us per call, {args.calls} calls per eval, median [min-max] of "
-              f"{args.repeats} interleaved repeats")
-        print_impl_table(rows, "table")
+    # Tables in the sections' order of SECTION_SPECS, each in its layout.
+    for kind in SECTION_SPECS:
+        if kind not in sections:
+            continue
+        spec = SECTION_SPECS[kind]
+        if spec.layout == "impl":
+            print(f"\n{spec.title or kind}: us per call, {args.calls} calls per eval, median [min-max] "
+                  f"of {args.repeats} interleaved repeats")
+            print_impl_table(rows, kind)
+        else:
+            for direction in DIRECTION_TITLE:
+                print_direction_table(rows, kind, direction)
     print(f"\nresults: {base}.csv, {base}.json ({elapsed:.0f} s)")
     if not (args.sections or args.training or args.no_sweep or args.shapes):
-        run_generate(args)  # the whole benchmark ends with the user's view: generation
+        run_generate(args, quick)  # the whole benchmark ends with the user's view: generation
     return 0
 
 
-def run_generate(args):
+def run_generate(args, quick=None):
     from . import bench_generate
 
-    return bench_generate.main((["--quick"] if args.quick else []) + ["--out", args.out])
+    if quick is None:  # --generate alone: quick where the other sections would be
+        quick = args.quick or (not args.full and not (mx.is_available(mx.gpu) and _has_kernels()))
+    return bench_generate.main((["--quick"] if quick else []) + ["--out", args.out])
+
+
+def _has_kernels():
+    from . import has_cuda_kernels
+
+    return has_cuda_kernels
 
 
 if __name__ == "__main__":

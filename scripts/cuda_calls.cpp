@@ -5,10 +5,16 @@
 // It sees every copy of the runtime in the process (libmlx links its own,
 // and so does our extension) because each one ends in the driver.
 //
+// It also records every kernel's GPU time (CUPTI's activity records, graph
+// kernel nodes included), by kernel name: the GPU side of the same evals.
+//
 // scripts/cuda_calls.py builds it, preloads it and reads it through ctypes:
 //   cc_reset()                    zero the counts
 //   cc_dump(buf, len) -> bytes    "domain<TAB>name<TAB>calls<TAB>ns" lines
+//                                 (domain: driver, runtime, or kernel: GPU ns)
 #include <cupti.h>
+
+#include <cstdlib>
 
 #include <chrono>
 #include <cstdio>
@@ -52,6 +58,26 @@ void CUPTIAPI on_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackId,
   s.ns += dt;
 }
 
+// Kernel activity: CUPTI asks for buffers and hands them back filled.
+void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *size = 8 << 20;
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, *size));
+  *max_records = 0;
+}
+
+void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  CUpti_Activity* record = nullptr;
+  std::lock_guard<std::mutex> lock(mutex);
+  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
+    const auto* k = reinterpret_cast<const CUpti_ActivityKernel9*>(record);
+    Stat& s = stats[{2, k->name ? k->name : "?"}];
+    s.calls += 1;
+    s.ns += k->end - k->start;
+  }
+  std::free(buffer);
+}
+
 }  // namespace
 
 extern "C" {
@@ -61,20 +87,25 @@ int InitializeInjection(void) {
   if (cuptiSubscribe(&subscriber, on_call, nullptr) != CUPTI_SUCCESS) return 0;
   cuptiEnableDomain(1, subscriber, CUPTI_CB_DOMAIN_DRIVER_API);
   cuptiEnableDomain(1, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API);
+  cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
+  cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
   return 1;
 }
 
 void cc_reset(void) {
+  cuptiActivityFlushAll(1);  // records of earlier work land before the clear
   std::lock_guard<std::mutex> lock(mutex);
   stats.clear();
 }
 
 int cc_dump(char* buf, int len) {
+  cuptiActivityFlushAll(1);
   std::string out;
   {
     std::lock_guard<std::mutex> lock(mutex);
     for (const auto& [key, s] : stats) {
-      out += (key.first ? "runtime\t" : "driver\t") + key.second + "\t" +
+      static const char* const domains[] = {"driver\t", "runtime\t", "kernel\t"};
+      out += domains[key.first] + key.second + "\t" +
              std::to_string(s.calls) + "\t" + std::to_string(s.ns) + "\n";
     }
   }

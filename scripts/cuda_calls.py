@@ -8,8 +8,10 @@ compiled training step. Run on the GPU machine:
     python3 scripts/cuda_calls.py [--out FILE] [--scenarios a,b,...]
 
 Prints, per scenario, ms per eval and the calls per eval of each contender
-(both columns, the API functions where they differ first) and the host time
-spent inside those calls. The built-in is MLX's own mx.fast.rms_norm; the
+(both columns, the API functions where they differ first), the host time
+spent inside those calls, and every kernel's GPU time per eval (CUPTI
+activity records). The callbacks cost host time themselves: read the
+counts and the GPU times here, and take wall times from the benchmarks. The built-in is MLX's own mx.fast.rms_norm; the
 plugin is the same code under mlx_rmsnorm.patch().
 """
 
@@ -198,15 +200,22 @@ def measure(fn, evals, counter):
 def report(name, res, evals, out):
     b, p = res["builtin"], res["plugin"]
     ms = lambda r: statistics.median(r["times"]) * 1e3
+    gpu = lambda r: sum(ns for k, (_, ns) in r["counts"].items() if k.startswith("ker:")) / evals / 1e3
     lines = [f"## {name}: {evals} evals; ms per eval (median) builtin {ms(b):.3f}, "
-             f"plugin {ms(p):.3f} (plugin/builtin {ms(p) / ms(b):.3f})",
-             f"{'API call':44} {'builtin/eval':>12} {'plugin/eval':>12} {'us/eval b':>10} {'us/eval p':>10}"]
-    keys = sorted(set(b["counts"]) | set(p["counts"]),
-                  key=lambda k: (-abs(p["counts"].get(k, (0, 0))[0] - b["counts"].get(k, (0, 0))[0]), k))
-    for k in keys:
-        cb, nb = b["counts"].get(k, (0, 0))
-        cp, np_ = p["counts"].get(k, (0, 0))
-        lines.append(f"{k:44} {cb / evals:12.2f} {cp / evals:12.2f} {nb / evals / 1e3:10.2f} {np_ / evals / 1e3:10.2f}")
+             f"plugin {ms(p):.3f} (plugin/builtin {ms(p) / ms(b):.3f}); GPU kernel time per eval "
+             f"builtin {gpu(b):.1f} us, plugin {gpu(p):.1f} us"]
+    get = lambda r, k: r["counts"].get(k, (0, 0))
+    keys = set(b["counts"]) | set(p["counts"])
+    api = sorted((k for k in keys if not k.startswith("ker:")),
+                 key=lambda k: (-abs(get(p, k)[0] - get(b, k)[0]), k))
+    kernels = sorted((k for k in keys if k.startswith("ker:")),
+                     key=lambda k: -abs(get(p, k)[1] - get(b, k)[1]))
+    for title, ks, width in (("API call", api, 44), ("kernel (GPU time)", kernels, 60)):
+        lines.append(f"{title:{width}} {'builtin/eval':>12} {'plugin/eval':>12} {'us/eval b':>10} {'us/eval p':>10}")
+        for k in ks:
+            (cb, nb), (cp, np_) = get(b, k), get(p, k)
+            lines.append(f"{k[:width]:{width}} {cb / evals:12.2f} {cp / evals:12.2f} "
+                         f"{nb / evals / 1e3:10.2f} {np_ / evals / 1e3:10.2f}")
     text = "\n".join(lines)
     print(text, flush=True)
     out.write(text + "\n\n")

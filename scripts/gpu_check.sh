@@ -86,7 +86,9 @@ if has tests; then
   # Not from the repo root: the installed package (with _ext) must be imported.
   # pytest-xdist (on the GPU machine's image) spreads the float64 references
   # over the CPU cores; the GPU work itself is small.
-  xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+  # --dist loadgroup: the large GPU cases (tests/conftest.py, xdist_group
+  # "gpu-large") run one after another in one worker, not eight at once.
+  xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8 --dist loadgroup")
   # The bigmem tests (tens of GB each) run afterwards, alone on the GPU.
   MLX_RMSNORM_HYPOTHESIS_PROFILE=gpu \
     python3 -m pytest -q -p no:cacheprovider -rfE $xdist -m "not bigmem" ${TESTS:-tests} 2>&1 | tee "$OUT/tests.log" | tail -40
@@ -135,7 +137,7 @@ if has ptx; then
     MLX_RMSNORM_CUDA_ARCHS=${fam}-virtual python3 -m pip install --no-build-isolation --no-deps -e . \
       >/tmp/build$fam.log 2>&1 || { tail -20 /tmp/build$fam.log; status=1; continue; }
     MLX_RMSNORM_EXPECT_FAMILY=$fam MLX_RMSNORM_HYPOTHESIS_PROFILE=gpu python3 -m pytest -q \
-      -p no:cacheprovider -rfE $(python3 -c "import xdist" 2>/dev/null && echo "-n 8") \
+      -p no:cacheprovider -rfE $(python3 -c "import xdist" 2>/dev/null && echo "-n 8 --dist loadgroup") \
       -m "gpu and not bigmem" tests 2>&1 | tee "$OUT/tests$fam.log" | tail -3
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     python3 -m mlx_rmsnorm.bench --sections table --repeats 3 --out "$OUT/b$fam" 2>/dev/null >"$OUT/bench$fam.log" || status=1

@@ -4,14 +4,17 @@
 #      isolation (from a clean clone of HEAD); import, forward and backward
 #      against a float64 NumPy reference; the wheel's mlx pin.
 #   2. MLX_RMSNORM_PATCH=1 (the installed .pth) patches a program that never
-#      imports mlx_rmsnorm; MLX_RMSNORM_REPORT=1 shows our primitives ran.
+#      imports mlx_rmsnorm; MLX_RMSNORM_REPORT=1 shows our primitives ran, and
+#      alone reports an unpatched run.
 #   3. Another MLX ($OLD_MLX) installed over it: `import mlx_rmsnorm` raises
 #      ImportError naming both versions; the rebuild command it prints fixes it.
+#      0.32.2 has another nanobind ABI (v21) than 0.32.4 (v22): the rebuild
+#      must take nanobind 2.15, or the extension would reject MLX's arrays.
 # Prints PASS/FAIL lines; exits non-zero on the first FAIL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MLX_VERSION="${MLX_VERSION:-0.32.4}"
-OLD_MLX="${OLD_MLX:-0.32.3}"
+OLD_MLX="${OLD_MLX:-0.32.2}"
 T="$(mktemp -d)"
 trap 'rm -rf "$T"' EXIT
 PY="$T/venv/bin/python"
@@ -63,6 +66,11 @@ echo "$out" | grep -q "patched=True .*RMSNormPluginVJP=[1-9]" || fail "MLX_RMSNO
 out="$("$PY" "$T/train.py" 2>&1)"
 echo "$out" | grep -q "mlx_rmsnorm report" && fail "report without the variables"
 echo "PASS MLX_RMSNORM_PATCH=1 patches a program that never imports mlx_rmsnorm (.pth)"
+out="$(MLX_RMSNORM_REPORT=1 "$PY" "$T/train.py" 2>&1)" || fail "MLX_RMSNORM_REPORT run: $out"
+echo "$out" | tail -1
+echo "$out" | grep -q "patched=False gradient_graphs=1 RMSNormPlugin=0 RMSNormPluginVJP=0" \
+  || fail "MLX_RMSNORM_REPORT=1 alone printed no report"
+echo "PASS MLX_RMSNORM_REPORT=1 alone reports (the built-in ran, nothing patched)"
 
 echo "-- mlx[cpu]==$OLD_MLX over it"
 pip install "mlx[cpu]==$OLD_MLX"

@@ -38,6 +38,53 @@ def device(request):
     return request.param
 
 
+# --- pytest -n (xdist) on one GPU ----------------------------------------------
+# Every xdist worker is its own process with its own MLX buffer cache (which
+# keeps freed buffers up to about the card's memory) and its own plugin pool
+# (which keeps what it reserved), and none of them knows about the others. On
+# one GPU eight workers together can hold more than the card while one of
+# them runs a large test. That is the likely cause (read from the code; seen
+# once on the H200, not rerun since: no GPU in that session) of the
+# RuntimeError test_bitwise_deterministic[naive-4096-32768] (256 MiB tensors,
+# 100 calls) raised under -n 8 while it passes alone: an allocation that
+# found the memory held by the other workers' caches (ours fails with
+# "allocating N bytes of GPU memory", MLX's with its malloc error; both are
+# RuntimeErrors). So under xdist each worker caps its MLX
+# cache, gives its caches back after every GPU test, and the tests with large
+# tensors share one xdist group: with --dist loadgroup (scripts/gpu_check.sh)
+# they run one after another in a single worker.
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+LARGE_ELEMENTS = 2**25  # 64 MiB a bf16 tensor: the benchmark shapes and 262144x128
+LARGE_GROUP = "gpu-large"
+
+if GPU_AVAILABLE and XDIST_WORKERS > 1:
+    mx.set_cache_limit(mx.device_info().get("memory_size", 16 << 30) // (4 * XDIST_WORKERS))
+
+
+def is_large_gpu_case(item) -> bool:
+    """A GPU test whose (m, n) parameters make tensors of 2^25 elements or more."""
+    if item.get_closest_marker("gpu") is None:
+        return False
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    m, n = params.get("m"), params.get("n")
+    return isinstance(m, int) and isinstance(n, int) and m * n >= LARGE_ELEMENTS
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if is_large_gpu_case(item):
+            item.add_marker(pytest.mark.xdist_group(LARGE_GROUP))
+
+
+@pytest.fixture(autouse=True)
+def _give_gpu_memory_back_under_xdist(request):
+    yield
+    if GPU_AVAILABLE and XDIST_WORKERS > 1 and request.node.get_closest_marker("gpu") is not None:
+        mx.synchronize()
+        mx.clear_cache()
+        mlx_rmsnorm.trim_device_memory()
+
+
 def to_numpy(a: mx.array) -> np.ndarray:
     return np.array(a.astype(mx.float32), dtype=np.float64)
 

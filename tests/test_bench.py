@@ -55,6 +55,45 @@ def test_quick_run_writes_csv_json_png(quick_run):
             assert r["speedup_min"] <= r["speedup_max"]
 
 
+ON_CPU = not (mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels)
+
+
+@pytest.mark.skipif(not ON_CPU, reason="the CPU default")
+def test_no_arguments_on_a_cpu_run_the_quick_cases_and_say_so(tmp_path, capsys):
+    assert bench.main(["--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    first = out.splitlines()[0]
+    assert first.startswith("CPU run: the quick cases (11 tiny shapes") and "--full" in first
+    with open(tmp_path / "bench_bfloat16.json") as f:
+        data = json.load(f)
+    assert data["quick"] is True and data["repeats"] == 3
+    assert {(r["kind"], r["shape"]) for r in data["rows"]} == {
+        (k, "x".join(map(str, s))) for k, s in bench.cases(bench.SECTIONS, quick=True)}
+    # a readable device name in the JSON and the plot title, not DeviceType.cpu
+    assert data["device"].startswith("CPU (") and "DeviceType" not in out + data["device"]
+    # the progress bar moved through every round of every case (tqdm, stderr)
+    total = 11 * (3 + 1)  # cases x (repeats + the warm-up round)
+    assert f"{total}/{total}" in err and "case 11/11: decode 1x8x128" in err
+    # the CPU path has one backward algorithm: no naive row beside auto
+    assert not any(r["impl"] == "ours naive" for r in data["rows"])
+    assert any(r["impl"] == "ours auto" for r in data["rows"])
+
+
+def test_progress_moves_every_round(monkeypatch):
+    rounds = []
+    sets = [(mx.zeros((2,)), mx.zeros((2,)))]
+    bench.time_interleaved([lambda x, g: x] * 3, sets, calls=1, repeats=4, singles=0,
+                           on_round=lambda: rounds.append(1))
+    assert len(rounds) == 5  # the warm-up round and 4 timed ones
+
+
+def test_naive_row_only_on_the_gpu():
+    w = mx.ones((8,))
+    assert ("bwd", "ours naive") in {(d, i) for d, i, _ in bench.contenders("table", w, gpu=True)}
+    assert ("bwd", "ours naive") not in {(d, i) for d, i, _ in bench.contenders("table", w, gpu=False)}
+    assert "seed" not in bench.__doc__  # the help: a newcomer has no "seed"
+
+
 def test_every_shape_has_ours_builtin_and_ceiling(quick_run):
     with open(os.path.join(quick_run, "bench_bfloat16.json")) as f:
         rows = json.load(f)["rows"]
@@ -207,6 +246,8 @@ def test_train_step_quick_run(tmp_path, train_step):
                            "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "speedup built-in / plugin" in proc.stdout
+    # a bar per case that moves every round (2 rounds x 2 variants), on stderr
+    assert "qwen3-0.6b, norms frozen" in proc.stderr and "4/4" in proc.stderr
     results = json.loads(out.read_text())["results"]
     assert [r["norms"] for r in results] == ["trained", "frozen"]
     for r in results:

@@ -20,6 +20,11 @@ REPORT = re.compile(
 
 def run(args, cwd, env_extra=None, timeout=600):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_RMSNORM_")}
+    # One GPU for the child: with two visible, `mlx_lm lora` itself fails
+    # (cudaMemcpy(...) failed: invalid argument in mx.array(batch), MLX 0.32.4
+    # and mlx-lm 0.32.2 on a 2-GPU H200 machine, with or without the plugin);
+    # CUDA_VISIBLE_DEVICES=0 fixes it. A value the caller set is kept.
+    env.setdefault("CUDA_VISIBLE_DEVICES", "0")
     env.update(env_extra or {})
     env["PYTHONPATH"] = str(cwd)
     r = subprocess.run([sys.executable, *args], capture_output=True, text=True,
@@ -70,9 +75,15 @@ def test_module(tmp_path, form):
 
 def test_without_wrapper_the_report_sees_the_builtin(tmp_path):
     (tmp_path / "train.py").write_text(TRAIN)
+    # The variable alone, as the README has it: the .pth installed beside
+    # the package (./run.sh writes it for its editable install too) imports
+    # mlx_rmsnorm at start-up, which installs the report; nothing patches.
     r = run(["train.py"], tmp_path, {"MLX_RMSNORM_REPORT": "1"})
-    # Nothing imported mlx_rmsnorm: the report is off and the built-in ran.
-    assert "patched False" in r.stdout and REPORT.search(r.stderr) is None
+    pth_here = any(os.path.isfile(os.path.join(d, "mlx_rmsnorm_autopatch.pth")) for d in sys.path)
+    if pth_here:
+        assert "patched False" in r.stdout
+        patched, c = report(r)
+        assert not patched and c["graphs"] == 2 and c["plugin"] == c["plugin_vjp"] == 0
     r = run(["-c", "import mlx_rmsnorm; exec(open('train.py').read())"], tmp_path,
             {"MLX_RMSNORM_REPORT": "1"})
     patched, c = report(r)
@@ -91,6 +102,16 @@ def test_env_var_patches_at_import(tmp_path):
             {"MLX_RMSNORM_PATCH": "1", "MLX_RMSNORM_REPORT": "1"})
     patched, c = report(r)
     assert patched and c["plugin_vjp"] == 2 and c["builtin_vjp"] == 0
+
+
+def test_children_see_one_gpu(tmp_path, monkeypatch):
+    # run() pins the child processes (mlx_lm among them) to one device unless
+    # the caller chose one; see run() for why.
+    show = ["-c", "import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'))"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert run(show, tmp_path).stdout.split() == ["0"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert run(show, tmp_path).stdout.split() == ["1"]
 
 
 def test_usage_errors(tmp_path):

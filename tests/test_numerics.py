@@ -215,3 +215,45 @@ def test_eps0_tiny_rows_second_order_is_scale_invariant(device, rms):
     assert rel_err(hwa, to_numpy(hw1)) <= 1e-4
     assert rel_err(np.array(hxa), np.array(hx64)) <= 1e-4
     assert rel_err(np.array(hwa), np.array(hw64)) <= 1e-4
+
+
+def ref_hvp(x, w, g, t):
+    """float64 d(gx, gw) in the direction t of x, with eps = 0:
+    gx = r v - x r^3 m (v = g w, m = mean(v x)), gw = sum over rows g x r;
+    dr = -r^3 mean(x t), dm = mean(v t)."""
+    xd, wd, gd, td = to_numpy(x), to_numpy(w), to_numpy(g), to_numpy(t)
+    r = 1 / np.sqrt(np.mean(xd * xd, axis=-1, keepdims=True))
+    v = gd * wd
+    m = np.mean(v * xd, axis=-1, keepdims=True)
+    dr = -(r**3) * np.mean(xd * td, axis=-1, keepdims=True)
+    dm = np.mean(v * td, axis=-1, keepdims=True)
+    dgx = dr * v - td * r**3 * m - xd * (3 * r**2 * dr * m + r**3 * dm)
+    dgw = (gd * (td * r + xd * dr)).reshape(-1, x.shape[-1]).sum(axis=0)
+    return dgx, dgw
+
+
+@pytest.mark.parametrize("t_scale", ["rms", "one"])
+@pytest.mark.parametrize("rms", [1.0, 1e-13, 1e-15, 1e-17])
+def test_eps0_tiny_rows_jvp_of_vjp_is_finite_and_right(device, rms, t_scale):
+    """Forward over reverse (mx.jvp of our mx.vjp) against float64, and equal
+    to reverse over forward (mx.vjp of mx.jvp) and reverse over reverse
+    (mx.grad of <gx, t>): all three are the Hessian of <g, y> times t. With a
+    tangent of size 1 (not x's), ((m r) r) r's tangent overflowed fp32 from
+    RMS ~1e-13 although the result is ~r^2, far from overflow."""
+    x, w, g, t = tiny_data(rms, 70)
+    if t_scale == "one":
+        t = random(x.shape, mx.float32, 74)
+    ref_dgx, ref_dgw = ref_hvp(x, w, g, t)
+
+    def vjp_x_w(x):
+        _, (gx, gw) = mx.vjp(lambda x, w: mlx_rmsnorm.rms_norm(x, w, 0.0), [x, w], [g])
+        return gx, gw
+
+    with mx.stream(device):
+        _, (fwd_rev_gx, fwd_rev_gw) = mx.jvp(vjp_x_w, [x], [t])
+        _, (rev_fwd,) = mx.vjp(
+            lambda x: mx.jvp(lambda x: mlx_rmsnorm.rms_norm(x, w, 0.0), [x], [t])[1][0], [x], [g])
+        rev_rev = mx.grad(lambda x: (vjp_x_w(x)[0] * t).sum())(x)
+    for name, dgx in [("jvp(vjp)", fwd_rev_gx), ("vjp(jvp)", rev_fwd), ("grad(grad)", rev_rev)]:
+        assert rel_err(dgx, ref_dgx) <= 1e-4, name  # rel_err also asserts finiteness
+    assert rel_err(fwd_rev_gw, ref_dgw) <= 1e-4

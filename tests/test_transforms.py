@@ -6,7 +6,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from conftest import graph_text, random
+from conftest import graph_text, random, ref_forward
 from mlx.utils import tree_flatten, tree_map
 
 import mlx_rmsnorm
@@ -245,3 +245,79 @@ def test_frozen_norms_train_like_the_builtin(device):
     assert our_losses[-1] < our_losses[0]
     for (k, a), (_, b) in zip(tree_flatten(our_model.parameters()), tree_flatten(ref_model.parameters())):
         close(a, b, 1e-5)
+
+
+# --- mx.compile(..., shapeless=True) under patch(): the graphs that leave our
+# two primitives (float64, vmap with the weight mapped, second order) are MLX
+# ops whose nodes all infer their output shapes ---------------------------------
+
+F64_WEIGHT = random((24,), mx.float32, 83, 0.5, 1.0).astype(mx.float64)
+
+
+def _f64_x(rows):
+    return (random((rows, 3, 24), mx.float32, 80 + rows).astype(mx.float64),)
+
+
+def _f64_layer():
+    layer = nn.RMSNorm(24, eps=EPS)
+    layer.set_dtype(mx.float64)
+    layer.update({"weight": F64_WEIGHT})
+    return layer
+
+
+def _data(rows):
+    return (random((rows, 24), mx.float32, 84 + rows), random((24,), mx.float32, 85, 0.5, 1.0),
+            random((rows, 24), mx.float32, 86 + rows))
+
+
+def _batched(rows):
+    """A batch of 3 (x, weight) pairs: the weight is mapped too. The rows
+    change, not the batch: a new vmapped batch size fails the built-in's
+    shapeless graph as well ([broadcast_shapes], MLX 0.32.4)."""
+    return (random((3, rows, 24), mx.float32, 87 + rows), random((3, 24), mx.float32, 88, 0.5, 1.0))
+
+
+def _grad_of_grad(x, w, g):
+    def outer(x, w):
+        gx, gw = mx.grad(lambda x, w: (mx.fast.rms_norm(x, w, EPS) * g).sum(), argnums=(0, 1))(x, w)
+        return (gx * gx).sum() + (gw * gw).sum()
+
+    return mx.grad(outer, argnums=(0, 1))(x, w)
+
+
+# name: (float64 weight of the float64 reference or None, inputs(rows), fn);
+# fn looks mx.fast.rms_norm up at call time: the plugin under patched().
+SHAPELESS = {
+    "float64": (None, _f64_x, lambda x: mx.fast.rms_norm(x, None, EPS)),
+    "nn.RMSNorm float64": (F64_WEIGHT, _f64_x, lambda x: _f64_layer()(x)),
+    "grad of grad": (None, _data, _grad_of_grad),
+    "vmap, weight mapped": (None, _batched, mx.vmap(lambda x, w: mx.fast.rms_norm(x, w, EPS))),
+}
+
+
+def _as_list(out):
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+@pytest.mark.parametrize("case", list(SHAPELESS))
+def test_shapeless_compile_under_patch(device, case):
+    weight64, inputs, fn = SHAPELESS[case]
+    is_f64 = case.endswith("float64")
+    if is_f64 and device != mx.cpu:
+        pytest.skip("float64 runs on the CPU stream only (the built-in's too)")
+    compiled = mx.compile(fn, shapeless=True)
+    with mx.stream(device):
+        for rows in (4, 7):  # the second row count reuses the shapeless graph
+            args = inputs(rows)
+            with mlx_rmsnorm.patched():
+                ours = _as_list(compiled(*args))
+            theirs = _as_list(fn(*args))  # unpatched: the built-in
+            for a, b in zip(ours, theirs, strict=True):
+                assert a.shape == b.shape and a.dtype == b.dtype
+                close(a, b, 1e-4 if case == "grad of grad" else 2e-6)
+            if is_f64:
+                # ours normalizes in float64 (the built-in in fp32 and casts);
+                # eps reaches both ops as a float32 (1e-5 + 2.5e-13), hence
+                # not 1e-15
+                ref = ref_forward(args[0], weight64, EPS)
+                assert np.max(np.abs(np.array(ours[0]) - ref)) <= 1e-11 * np.max(np.abs(ref))

@@ -1,6 +1,7 @@
 #include "reference.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "mlx/ops.h"
@@ -12,52 +13,33 @@ namespace {
 
 mx::array scalar(double v, mx::Dtype t) { return mx::array(v, t); }
 
-mx::array rstd_plain(const mx::array& x, float eps, mx::Stream s) {
-  auto ms = mx::mean(mx::square(x, s), -1, /*keepdims=*/true, s);
-  return mx::rsqrt(mx::add(ms, scalar(eps, x.dtype()), s), s);
-}
-
 // r = rsqrt(mean(x^2) + eps) over the last axis (keepdims), in x's dtype,
-// with its derivatives written out. MLX differentiates rsqrt(u) as
-// (-0.5 / u) * rsqrt(u) = -r^3 / 2, which overflows fp32 from RMS ~1e-13
-// with eps = 0 although the gradient itself is far from overflow.
-// dr/dx = -x r^3 / n is formed as (x r) * ((dr r) r) / n, where x r is O(1),
-// so nothing larger than r^2 is ever formed.
+// as k * rsqrt(mean((x k)^2) + (eps k) k) with k a power of two near
+// 1 / max(max|x|, sqrt(eps)), taken out of differentiation (stop_gradient;
+// r does not depend on k, so the derivatives are exact). The argument of
+// rsqrt is then O(1): MLX's derivative of rsqrt(u), (-0.5 / u) * rsqrt(u),
+// is -r^3 / 2 for the plain u = mean(x^2), which overflows fp32 from RMS
+// ~1e-13 with eps = 0, while here every derivative (of any order, forward
+// or reverse mode) multiplies by k one factor at a time and forms nothing
+// larger than the result it is part of. A power of two scales exactly, so r
+// is the plain formula's value (up to rsqrt's rounding, and pow's where the
+// device's pow(2, integer) is not exact). Plain MLX ops only (no custom_function,
+// whose CustomTransforms node cannot infer output shapes): the graphs of
+// float64, vmap and higher-order gradients compile with shapeless=True.
 mx::array rstd(const mx::array& x, float eps, mx::Stream s) {
-  auto fun = [eps, s](const std::vector<mx::array>& in) {
-    return std::vector<mx::array>{rstd_plain(in[0], eps, s)};
-  };
-  auto vjp = [s](const std::vector<mx::array>& primals,
-                 const std::vector<mx::array>& cotangents,
-                 const std::vector<mx::array>& outputs) {
-    const auto& x = primals[0];
-    const auto& r = outputs[0];
-    int n = std::max(x.ndim() ? x.shape(-1) : 1, 1);
-    auto t = mx::multiply(mx::multiply(cotangents[0], r, s), r, s);
-    auto dx = mx::multiply(mx::multiply(x, r, s), t, s);
-    return std::vector<mx::array>{
-        mx::multiply(dx, scalar(-1.0 / n, x.dtype()), s)};
-  };
-  auto jvp = [eps, s](const std::vector<mx::array>& primals,
-                      const std::vector<mx::array>& tangents,
-                      const std::vector<int>&) {
-    const auto& x = primals[0];
-    auto r = rstd(x, eps, s);
-    auto m = mx::mean(mx::multiply(mx::multiply(x, r, s), tangents[0], s), -1,
-                      /*keepdims=*/true, s);
-    return std::vector<mx::array>{
-        mx::negative(mx::multiply(mx::multiply(m, r, s), r, s), s)};
-  };
-  // Keeps the derivatives above under vmap (MLX's default would vmap `fun`
-  // and lose them): the batch axis goes in front, rows stay the last axis.
-  auto vmap = [eps, s](const std::vector<mx::array>& inputs,
-                       const std::vector<int>& axes)
-      -> std::pair<std::vector<mx::array>, std::vector<int>> {
-    if (axes[0] < 0) return {{rstd(inputs[0], eps, s)}, {-1}};
-    auto x = mx::moveaxis(inputs[0], axes[0], 0, s);
-    return {{rstd(x, eps, s)}, {0}};
-  };
-  return mx::custom_function(fun, vjp, jvp, vmap)({x})[0];
+  auto t = x.dtype();
+  // The clip keeps k finite for zero rows (eps = 0) and inf/nan inputs
+  // (which then give what the plain formula gives: r = inf, 0, nan).
+  constexpr double kBound = 18446744073709551616.0;  // 2^64
+  auto a = mx::max(mx::abs(x, s), -1, /*keepdims=*/true, s);
+  a = mx::maximum(a, scalar(std::sqrt(static_cast<double>(eps)), t), s);
+  a = mx::clip(a, scalar(1.0 / kBound, t), scalar(kBound, t), s);
+  auto k = mx::stop_gradient(
+      mx::power(scalar(2.0, t), mx::negative(mx::floor(mx::log2(a, s), s), s), s), s);
+  auto xs = mx::multiply(x, k, s);
+  auto u = mx::add(mx::mean(mx::square(xs, s), -1, /*keepdims=*/true, s),
+                   mx::multiply(mx::multiply(scalar(eps, t), k, s), k, s), s);
+  return mx::multiply(mx::rsqrt(u, s), k, s);
 }
 
 }  // namespace
@@ -105,8 +87,12 @@ std::vector<mx::array> backward(const mx::array& x,
   auto r = rstd(xf, eps, s);
   auto v = w ? mx::multiply(gf, scale_of(*w, offset, ct, s), s) : gf;
   auto m = mx::mean(mx::multiply(v, xf, s), -1, /*keepdims=*/true, s);
-  auto c = mx::multiply(mx::multiply(mx::multiply(m, r, s), r, s), r, s);
-  auto gx = mx::subtract(mx::multiply(r, v, s), mx::multiply(xf, c, s), s);
+  // x c = (x r) ((m r) r): the kernels' product, grouped so that its
+  // tangents stay finite too (d(((m r) r) r) would be ~r^2 times that of
+  // the result; (x r) is O(1)).
+  auto mrr = mx::multiply(mx::multiply(m, r, s), r, s);
+  auto gx = mx::subtract(mx::multiply(r, v, s),
+                         mx::multiply(mx::multiply(xf, r, s), mrr, s), s);
   std::vector<mx::array> out = {mx::astype(gx, x.dtype(), s)};
   if (w && need_gw) {
     std::vector<int> rows(x.ndim() - 1);

@@ -9,9 +9,12 @@
 //   gx = r * v - x * c, gw = sum over rows of g * x * r,
 // multiplied in that order so that no intermediate is larger than r^2: with
 // eps = 0 and rows of RMS down to ~1e-19 nothing overflows in fp32 (r^3 alone
-// would from RMS ~1e-13). The derivatives of r are written out (rstd() below)
-// in the same spirit, so that jvp and second-order gradients stay finite
-// where the first-order ones are.
+// would from RMS ~1e-13). Here x * c is grouped as (x * r) * ((m * r) * r)
+// and r is computed from x scaled by a power of two (rstd() in the .cpp), so
+// that their derivatives of every order and mode (jvp, vjp, jvp of a vjp,
+// second-order gradients) stay finite where the first-order ones are. Plain
+// MLX ops only: every node can infer its output shape, so these graphs
+// compile with mx.compile(..., shapeless=True).
 #pragma once
 
 #include <optional>

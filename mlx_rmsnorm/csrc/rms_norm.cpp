@@ -1,6 +1,7 @@
 #include "rms_norm.h"
 
 #include <algorithm>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
@@ -151,12 +152,20 @@ std::pair<std::vector<mx::array>, std::vector<int>> RMSNorm::vmap(
     auto x = mx::moveaxis(inputs[0], axes[0], 0, stream());
     return {{rms_norm(x, w, eps_, stream(), offset_)}, {0}};
   }
-  float eps = eps_, offset = offset_;
+  // The weight carries the batch (x too, or not): batch axes in front, the
+  // weight broadcast over x's rows as (B, 1, ..., 1, N), and the op-level
+  // formula on the broadcast arrays. Not mx::vmap of that formula: a graph
+  // vmapped that way failed mx.compile(..., shapeless=True) on a new row
+  // count ("[broadcast_shapes] Shapes (3,7,1) and (1,4,1)"), while these
+  // ops (expand_dims, no reshape to fixed sizes) infer every shape.
   auto s = stream();
-  auto f = [eps, offset, s](const std::vector<mx::array>& in) {
-    return std::vector<mx::array>{reference::forward(in[0], in[1], eps, s, offset)};
-  };
-  return {mx::vmap(f, axes, {0})(inputs), {0}};
+  auto x = axes[0] >= 0 ? mx::moveaxis(inputs[0], axes[0], 0, s)
+                        : mx::expand_dims(inputs[0], 0, s);
+  auto wb = mx::moveaxis(inputs[1], axes[1], 0, s);
+  std::vector<int> row_axes(x.ndim() - 2);
+  std::iota(row_axes.begin(), row_axes.end(), 1);
+  if (!row_axes.empty()) wb = mx::expand_dims(wb, row_axes, s);
+  return {{reference::forward(x, wb, eps_, s, offset_)}, {0}};
 }
 
 bool RMSNorm::is_equivalent(const mx::Primitive& other) const {
