@@ -15,10 +15,12 @@ per token. Random weights in bf16, nothing downloaded:
 The vocabulary is --vocab (the real ones are 151936 and 128256): it sizes
 only the embedding and the head, which the norm never sees.
 
+Contenders: the built-in, patch(), and patch(fuse=True) (the residual add
+fused into the norm where mlx_rmsnorm.fused_architectures() lists the model).
 Each round times the prefill and every decode step; a row gives ms (median
 [min-max] over rounds of each round's figure: the prefill, the median decode
-step) and the ratio built-in / plugin (median [min-max] of per-round ratios,
-each plugin round against the built-in round before it). The greedy tokens of
+step) and the ratios built-in / plugin and built-in / fused (median [min-max]
+of per-round ratios, each against the built-in round before it). The greedy tokens of
 every round must be the built-in's first round's; where they part, the
 built-in's margin between its two best logits at that step must be within
 bf16 rounding (a near-tie), or the run fails.
@@ -52,7 +54,9 @@ QUICK_SHAPES = {
     "llama-3-8b": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=160,
                        num_attention_heads=4, num_key_value_heads=2),
 }
-VARIANTS = (("mx.fast", False), ("mlx_rmsnorm", True))
+# (name, patch(), fuse): the built-in, patch(), patch(fuse=True) (the
+# residual add fused into the norm, mlx_rmsnorm/_fuse.py)
+VARIANTS = (("mx.fast", False, False), ("mlx_rmsnorm", True, False), ("fuse", True, True))
 # Two logits within this of each other are a tie at bf16 resolution (8 bits
 # of mantissa: 2^-7 relative at logits of magnitude ~1-4).
 TIE = 0.05
@@ -110,12 +114,14 @@ def bench(name, args, progress):
     model = build_model(name, args.vocab, args.quick)
     prompt = mx.random.randint(0, args.vocab, (args.prompt,), key=mx.random.key(1))
     mx.eval(prompt)
-    rounds = {v: [] for v, _ in VARIANTS}
+    rounds = {v: [] for v, _, _ in VARIANTS}
     reference = None
     parted = []
     for r in range(args.rounds + 1):  # the first round warms up
-        for variant, plugin in VARIANTS:
-            (mlx_rmsnorm.patch if plugin else mlx_rmsnorm.unpatch)()
+        for variant, plugin, fuse in VARIANTS:
+            mlx_rmsnorm.unpatch()  # patch() alone would leave an earlier fuse on
+            if plugin:
+                mlx_rmsnorm.patch(fuse=fuse)
             prefill, steps, tokens, margins = generate(model, prompt, args.tokens)
             if reference is None:
                 reference = (tokens, margins)
@@ -155,31 +161,35 @@ def main(argv=None):
     device = mx.default_device()
     print(f"generation: device {device}, bf16, prompt {args.prompt} tokens in one eval, "
           f"{args.tokens} greedy tokens one eval each, {args.rounds} interleaved rounds (+1 warm-up)")
-    from .bench import _progress
+    total = len(models) * (args.rounds + 1) * len(VARIANTS)
+    try:  # a bar that moves at every round of every contender
+        from tqdm import tqdm
 
-    progress = _progress(range(len(models) * (args.rounds + 1) * len(VARIANTS)), "generate")
-    progress = progress if hasattr(progress, "update") else _NoProgress()
+        progress = tqdm(total=total, desc="generate", unit="round", file=sys.stderr)
+    except ImportError:  # progress is a nicety, never a requirement
+        progress = _NoProgress()
     rows = []
     for name in models:
         rounds, parted = bench(name, args, progress)
-        b, o = rounds["mx.fast"], rounds["mlx_rmsnorm"]
+        b, o, f = rounds["mx.fast"], rounds["mlx_rmsnorm"], rounds["fuse"]
         for i, phase in enumerate(("prefill", "decode")):
-            ratios = [bb[i] / oo[i] for bb, oo in zip(b, o)]
-            rows.append(dict(model=name, phase=phase,
-                             builtin_ms=statistics.median(x[i] for x in b) * 1e3,
-                             builtin_min=min(x[i] for x in b) * 1e3, builtin_max=max(x[i] for x in b) * 1e3,
-                             ours_ms=statistics.median(x[i] for x in o) * 1e3,
-                             ours_min=min(x[i] for x in o) * 1e3, ours_max=max(x[i] for x in o) * 1e3,
-                             ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios),
-                             tokens_parted_at=min(parted) if parted else ""))
-    if hasattr(progress, "close"):
-        progress.close()
-    print(f"\n{'model':12} {'phase':8} {'mx.fast ms':>24} {'patch() ms':>24} {'built-in/ours':>22}")
+            row = dict(model=name, phase=phase)
+            for key, r in (("builtin", b), ("ours", o), ("fuse", f)):
+                v = [x[i] * 1e3 for x in r]
+                row.update({f"{key}_ms": statistics.median(v), f"{key}_min": min(v), f"{key}_max": max(v)})
+            # each round's plugin (or fused) figure against the built-in's of that round
+            for key, r in (("ratio", o), ("fuse_ratio", f)):
+                v = [bb[i] / oo[i] for bb, oo in zip(b, r)]
+                row.update({key: statistics.median(v), f"{key}_min": min(v), f"{key}_max": max(v)})
+            row["tokens_parted_at"] = min(parted) if parted else ""
+            rows.append(row)
+    progress.close()
+    print(f"\n{'model':12} {'phase':8} {'mx.fast ms':>24} {'patch() ms':>24} {'built-in/ours':>22} "
+          f"{'patch(fuse=True) ms':>24} {'built-in/fuse':>22}")
     for r in rows:
-        print(f"{r['model']:12} {r['phase']:8} "
-              f"{spread(r['builtin_ms'], r['builtin_min'], r['builtin_max']):>24} "
-              f"{spread(r['ours_ms'], r['ours_min'], r['ours_max']):>24} "
-              f"{spread(r['ratio'], r['ratio_min'], r['ratio_max']):>22}")
+        cell = lambda k: spread(r[k], r[k.replace("_ms", "") + "_min"], r[k.replace("_ms", "") + "_max"])
+        print(f"{r['model']:12} {r['phase']:8} {cell('builtin_ms'):>24} {cell('ours_ms'):>24} "
+              f"{cell('ratio'):>22} {cell('fuse_ms'):>24} {cell('fuse_ratio'):>22}")
     parted = [r for r in rows if r["tokens_parted_at"] != ""]
     print("greedy tokens: " + ("the same in every round" if not parted else
           "; ".join(f"{r['model']} parted at a near-tie, step {r['tokens_parted_at']}" for r in parted[::2])))
@@ -195,6 +205,9 @@ def main(argv=None):
 
 class _NoProgress:
     def update(self, n):
+        pass
+
+    def close(self):
         pass
 
 
