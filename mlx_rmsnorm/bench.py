@@ -616,9 +616,15 @@ def fused_main(args, device, dtype, shapes):
     shapes = shapes or (FUSED_QUICK if args.quick else FUSED_SHAPES)
     t_start = time.perf_counter()
     rows = []
-    for shape in _progress(shapes, "fused shapes"):
-        rows += run_fused_case(tuple(shape[-2:]), dtype, args.calls, args.repeats,
-                               args.singles, device)
+    progress = _Progress(len(shapes), len(shapes))  # a step a shape
+    try:
+        for i, shape in enumerate(shapes):
+            progress.case(i, "fused", "x".join(map(str, shape)))
+            rows += run_fused_case(tuple(shape[-2:]), dtype, args.calls, args.repeats,
+                                   args.singles, device)
+            progress.round_done()
+    finally:
+        progress.close()
     elapsed = time.perf_counter() - t_start
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, f"bench_{args.dtype}_fused")

@@ -124,6 +124,17 @@ def gx_scale(x, w, g, eps) -> float:
     return float(np.max(np.abs(r * v))) if v.size else 0.0
 
 
+def gw_scale(x, g, eps) -> float:
+    """Size of the terms gw sums (g * x * r over rows). Where the rows' terms
+    nearly cancel (a few rows, N = 1), gw is far smaller than they are and an
+    fp32 sum can only be accurate relative to them."""
+    xd, gd = to_numpy(x), to_numpy(g)
+    n = xd.shape[-1]
+    r = 1.0 / np.sqrt(np.mean(xd * xd, axis=-1, keepdims=True) + eps)
+    terms = np.abs(gd * xd * r).reshape(-1, n).sum(axis=0)
+    return float(np.max(terms)) if terms.size else 0.0
+
+
 def rel_err(out, ref, scale=None) -> float:
     """max |out - ref| / max |ref| (or / scale when given)."""
     out = to_numpy(out) if isinstance(out, mx.array) else out

@@ -11,7 +11,7 @@ import os
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import DEVICES, ONE_ROUNDING, TOL, gx_scale, ref_backward, ref_forward, rel_err
+from conftest import DEVICES, ONE_ROUNDING, TOL, gw_scale, gx_scale, ref_backward, ref_forward, rel_err
 
 import mlx_rmsnorm
 
@@ -87,5 +87,7 @@ def test_random_problems_match_float64(device, dtype, data):
     if w is None:
         assert gw is None
     else:
-        # summed in fp32 over all rows, rounded once to w's dtype
-        assert rel_err(gw, ref_gw) <= max(ONE_ROUNDING[w.dtype], 2e-6 * np.sqrt(max(m, 1)))
+        # summed in fp32 over all rows, rounded once to w's dtype; the fp32
+        # sum relative to the size of its terms (H200: 6.2e-6 of |gw| at
+        # 2 rows x N = 1 whose terms nearly cancelled)
+        assert rel_err(gw, ref_gw, gw_scale(x, g, eps)) <= max(ONE_ROUNDING[w.dtype], 2e-6 * np.sqrt(max(m, 1)))

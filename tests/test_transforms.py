@@ -251,7 +251,7 @@ def test_frozen_norms_train_like_the_builtin(device):
 # two primitives (float64, vmap with the weight mapped, second order) are MLX
 # ops whose nodes all infer their output shapes ---------------------------------
 
-F64_WEIGHT = random((24,), mx.float32, 83, 0.5, 1.0).astype(mx.float64)
+F64_WEIGHT = random((24,), mx.float32, 83, 0.5, 1.0).astype(mx.float64, stream=mx.cpu)  # float64 lives on the CPU
 
 
 def _f64_x(rows):
