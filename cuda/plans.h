@@ -169,8 +169,10 @@ inline constexpr RowPlan kForward[] = {
 //   threads) with a third stage, so that two steps' rows are in flight while
 //   one is computed on, as two resident blocks of two stages do for
 //   RMSNorm. N <= 16384: 1024 x 2, two stages (128 KiB; ptxas spills 104
-//   bytes a thread for bf16, none for fp32). Not measured before the first
-//   H200 run: docs/layernorm.md has what it gave.
+//   bytes a thread for bf16, none for fp32). Chosen from ptxas counts alone;
+//   the one H200 run (docs/layernorm.md) gave 58-63% of x + g at N = 8192
+//   (8192-32768 rows) and 68% at 8192x16384, 2.5-3.4x the built-in; no other
+//   row was measured against them.
 // - Forward: every RMSNorm row (the row stays in registers; b is read beside
 //   w, after the reduction). Two reductions a row instead of one (mean, then
 //   the centred sum of squares: no cancellation).

@@ -42,6 +42,28 @@ def add_rms_norm_vjp(
     need_gw: bool = True,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> Tuple[mx.array, Optional[mx.array]]: ...
+def layer_norm(
+    x: mx.array,
+    weight: Optional[mx.array],
+    bias: Optional[mx.array],
+    eps: float,
+    *,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> mx.array: ...
+def layer_norm_vjp(
+    x: mx.array,
+    weight: Optional[mx.array],
+    bias: Optional[mx.array],
+    g: mx.array,
+    eps: float,
+    *,
+    need_gw: bool = True,
+    need_gb: bool = True,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> Tuple[mx.array, Optional[mx.array], Optional[mx.array]]: ...
+def _layer_norm_builtin_forward_reference_backward(
+    x: mx.array, weight: Optional[mx.array], bias: Optional[mx.array], eps: float
+) -> mx.array: ...
 def _set_export_tracing(on: bool) -> bool: ...
 def _export_tracing() -> bool: ...
 
