@@ -187,9 +187,11 @@ def test_strided_inputs(device):
 
 
 def test_float64_runs_the_reference():
-    x = random((4, 33), mx.float32, 21).astype(mx.float64)
-    r = random((4, 33), mx.float32, 22).astype(mx.float64)
-    w = random((33,), mx.float32, 23).astype(mx.float64)
+    # float64 exists on the CPU stream only (a GPU-stream cast raises at graph
+    # build; the device run caught this test building it on the default GPU)
+    x = random((4, 33), mx.float32, 21).astype(mx.float64, stream=mx.cpu)
+    r = random((4, 33), mx.float32, 22).astype(mx.float64, stream=mx.cpu)
+    w = random((33,), mx.float32, 23).astype(mx.float64, stream=mx.cpu)
     y, h = mlx_rmsnorm.add_rms_norm(x, r, w, EPS, offset=1.0, stream=mx.cpu)
     hd = np.array(x) + np.array(r)
     ref = hd / np.sqrt(np.mean(hd * hd, axis=-1, keepdims=True) + EPS) * (np.array(w) + 1.0)
