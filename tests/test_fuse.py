@@ -291,3 +291,13 @@ def test_bench_fused_quick(tmp_path):
     assert {(r["direction"], r["impl"]) for r in rows} == {
         (d, i) for d in ("fwd", "bwd") for i in bench.FUSED_IMPLS}
     assert all(float(r["us"]) > 0 and float(r["ceiling_us"]) > 0 for r in rows)
+
+
+def test_the_slot_lets_go_when_the_forward_is_done():
+    model = make("llama")
+    x, _ = tokens()
+    with mlx_rmsnorm.patched(fuse=True):
+        out = model(x)
+        # the last block's (out, h, r) went with the model's own reference to out
+        assert _fuse._pending() is None
+        mx.eval(out)
