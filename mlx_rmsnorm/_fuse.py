@@ -29,13 +29,15 @@ carries that h on: the same values (``h + r`` rounded once, either way), and
 the unfused ``h + r`` is left with no consumer, so MLX's lazy graph never runs
 it. Anything else that reads ``out`` (a model that keeps it, the last
 block's output going into the final norm) still gets it computed. The slot
-holds one block's three arrays until the next block or forward takes it.
+holds ``out`` weakly: once nothing else holds it (the model has returned), h
+and r are let go too.
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -61,28 +63,48 @@ def _is_rms_norm(norm: Any) -> bool:
     return isinstance(norm, nn.RMSNorm)
 
 
-_slot = threading.local()  # .pending: (out, h, r) of the last rewritten block
+_slot = threading.local()  # .holder: [pending] of this thread, see _defer
+
+
+def _holder() -> list:
+    holder = getattr(_slot, "holder", None)
+    if holder is None:
+        holder = _slot.holder = [None]
+    return holder
 
 
 def _defer(out: mx.array, h: mx.array, r: mx.array) -> mx.array:
-    """Returns `out` (= h + r), remembering how it was made."""
-    _slot.pending = (out, h, r)
+    """Returns `out` (= h + r), remembering how it was made: (a weak
+    reference to out, h, r). When out itself is gone (the model returned, or
+    nothing took it), h and r are let go with it."""
+    holder = _holder()
+
+    def forget(ref, holder=holder):
+        if holder[0] is not None and holder[0][0] is ref:
+            holder[0] = None
+
+    holder[0] = (weakref.ref(out, forget), h, r)
     return out
 
 
 def _input_norm(norm: Any, x: mx.array, fusable: bool, offset: float) -> tuple:
     """(input_layernorm(x), the residual to carry on): fused with the previous
     block's h + r when x is that block's output."""
-    pending = getattr(_slot, "pending", None)
-    _slot.pending = None
-    if fusable and pending is not None and pending[0] is x:
+    holder = _holder()
+    pending, holder[0] = holder[0], None
+    if fusable and pending is not None and pending[0]() is x:
         y, x = _ext.add_rms_norm(pending[1], pending[2], norm.weight, norm.eps, offset=offset)
         return y, x
     return norm(x), x
 
 
 def _drop_pending() -> None:
-    _slot.pending = None
+    _holder()[0] = None
+
+
+def _pending() -> Optional[tuple]:
+    """This thread's remembered (out ref, h, r), or None (for tests)."""
+    return _holder()[0]
 
 
 # --- replacements ---------------------------------------------------------------

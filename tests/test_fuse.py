@@ -259,3 +259,45 @@ def test_block_output_read_elsewhere_still_correct():
         got = run()
     for a, b in zip(got, want):
         assert float(mx.abs(a - b).max()) <= 2e-5 * float(mx.abs(b).max())
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_train_step_has_the_fuse_contender(tmp_path):
+    out = tmp_path / "train.json"
+    script = os.path.join(ROOT, "examples", "bench_train_step.py")
+    proc = subprocess.run([sys.executable, script, "--quick", "--model", "qwen3-0.6b", "--norms", "trained",
+                           "--decode", "3", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "plugin / fuse" in proc.stdout
+    import json
+
+    decode, train = json.loads(out.read_text())["results"]
+    assert set(decode["ms_per_token"]) == {"mx.fast", "mlx_rmsnorm", "fuse"}
+    assert len(train["round_ms"]["fuse"]) == 2 and len(train["fuse_vs_plugin"]) == 2
+    fwd, bwd = train["plugin_nodes"]["fuse"]
+    assert fwd >= 9 and bwd >= 9  # every norm, 3 of them fused (2 layers)
+
+
+def test_bench_fused_quick(tmp_path):
+    from mlx_rmsnorm import bench
+
+    assert bench.main(["--fused", "--quick", "--out", str(tmp_path)]) == 0
+    import csv
+
+    with open(tmp_path / "bench_bfloat16_fused.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["direction"], r["impl"]) for r in rows} == {
+        (d, i) for d in ("fwd", "bwd") for i in bench.FUSED_IMPLS}
+    assert all(float(r["us"]) > 0 and float(r["ceiling_us"]) > 0 for r in rows)
+
+
+def test_the_slot_lets_go_when_the_forward_is_done():
+    model = make("llama")
+    x, _ = tokens()
+    with mlx_rmsnorm.patched(fuse=True):
+        out = model(x)
+        # the last block's (out, h, r) went with the model's own reference to out
+        assert _fuse._pending() is None
+        mx.eval(out)

@@ -187,9 +187,11 @@ def test_strided_inputs(device):
 
 
 def test_float64_runs_the_reference():
-    x = random((4, 33), mx.float32, 21).astype(mx.float64)
-    r = random((4, 33), mx.float32, 22).astype(mx.float64)
-    w = random((33,), mx.float32, 23).astype(mx.float64)
+    # float64 exists on the CPU stream only (a GPU-stream cast raises at graph
+    # build; the device run caught this test building it on the default GPU)
+    x = random((4, 33), mx.float32, 21).astype(mx.float64, stream=mx.cpu)
+    r = random((4, 33), mx.float32, 22).astype(mx.float64, stream=mx.cpu)
+    w = random((33,), mx.float32, 23).astype(mx.float64, stream=mx.cpu)
     y, h = mlx_rmsnorm.add_rms_norm(x, r, w, EPS, offset=1.0, stream=mx.cpu)
     hd = np.array(x) + np.array(r)
     ref = hd / np.sqrt(np.mean(hd * hd, axis=-1, keepdims=True) + EPS) * (np.array(w) + 1.0)
@@ -221,6 +223,39 @@ def test_errors():
         mlx_rmsnorm.rms_norm(x, None, EPS, offset=1.0)
     with pytest.raises(ValueError, match="floating"):
         mlx_rmsnorm.add_rms_norm(mx.zeros((2, 8), mx.int32), mx.zeros((2, 8), mx.int32), None, EPS)
+
+
+@pytest.mark.parametrize(
+    "x_dtype,r_dtype,w_dtype",
+    [("int32", "int32", "float32"), ("int8", "bool_", "bfloat16"), ("bool_", "bool_", "float16"),
+     ("int32", "float32", None), ("float16", "float64", "float32"), ("bfloat16", "bfloat16", "float64")],
+)
+def test_every_dtype_rms_norm_accepts(x_dtype, r_dtype, w_dtype):
+    # as the composition x + residual, then rms_norm: integer and bool inputs
+    # are added by MLX and cast by the norm; float64 runs in float64 (CPU)
+    rng = np.random.default_rng(70)
+
+    def make(name, shape):
+        vals = rng.integers(-3, 4, shape) if name.startswith("int") else rng.standard_normal(shape)
+        if name == "bool_":
+            vals = rng.integers(0, 2, shape).astype(bool)
+        return mx.array(vals).astype(getattr(mx, name), stream=mx.cpu)
+
+    x, r = make(x_dtype, (3, 40)), make(r_dtype, (3, 40))
+    w = make(w_dtype, (40,)) if w_dtype else None
+    with mx.stream(mx.cpu):
+        y, h = mlx_rmsnorm.add_rms_norm(x, r, w, EPS, stream=mx.cpu)
+        want_h = x + r
+        want_y = mlx_rmsnorm.rms_norm(want_h, w, EPS, stream=mx.cpu)
+        mx.eval(y, h, want_y, want_h)
+    assert h.dtype == want_h.dtype and y.dtype == want_y.dtype
+    assert mx.array_equal(h, want_h).item()
+    hd = np.array(want_h.astype(mx.float64, stream=mx.cpu), dtype=np.float64)
+    ref = hd / np.sqrt(np.mean(hd * hd, axis=-1, keepdims=True) + EPS)
+    if w is not None:
+        ref = ref * np.array(w.astype(mx.float64, stream=mx.cpu), dtype=np.float64)
+    tol = 1e-12 if y.dtype == mx.float64 else TOL[y.dtype]
+    assert np.max(np.abs(np.array(y.astype(mx.float64, stream=mx.cpu)) - ref)) <= tol * np.max(np.abs(ref))
 
 
 # --- transforms ----------------------------------------------------------------

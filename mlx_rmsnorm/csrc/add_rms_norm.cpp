@@ -33,7 +33,18 @@ std::vector<mx::array> reference_forward(const mx::array& x, const mx::array& r,
 std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& residual,
                                     const std::optional<mx::array>& weight,
                                     float eps, float offset, mx::StreamOrDevice s) {
-  check_inputs("add_rms_norm", x, weight);  // x's rank, weight's shape
+  // x's rank and weight's shape, as rms_norm checks them; the dtype rule is
+  // checked below on x + residual, the array that is normalized.
+  if (x.ndim() == 0) {
+    throw std::invalid_argument(
+        "[add_rms_norm] Input must have at least 1 dimension but got input with 0 "
+        "dimensions.");
+  }
+  if (weight && (weight->ndim() != 1 || weight->size() != static_cast<size_t>(x.shape(-1)))) {
+    throw std::invalid_argument(
+        "[add_rms_norm] weight must be 1-D of the size of the last dimension of x (" +
+        std::to_string(x.shape(-1)) + ") but has shape " + shape_str(weight->shape()) + ".");
+  }
   check_offset("add_rms_norm", weight, offset);
   if (residual.shape() != x.shape()) {
     throw std::invalid_argument(
@@ -41,26 +52,32 @@ std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& residua
         " but has shape " + shape_str(residual.shape()) + ".");
   }
   auto h_type = mx::promote_types(x.dtype(), residual.dtype());
-  if (!mx::issubdtype(h_type, mx::floating)) {
-    throw std::invalid_argument(
-        "[add_rms_norm] x + residual must be floating but has dtype " +
-        dtype_str(h_type) + ".");
-  }
   auto out_type = weight ? mx::promote_types(h_type, weight->dtype()) : h_type;
+  if (!mx::issubdtype(out_type, mx::floating)) {
+    throw std::invalid_argument(
+        "[add_rms_norm] Received unsupported type " + dtype_str(out_type) +
+        " (the result type of x + residual and weight); expected a floating type.");
+  }
   if (export_tracing()) {
     auto h = mx::add(x, residual, s);
     return {builtin_rms_norm(h, weight, eps, offset, s), h};
   }
   auto stream = mx::to_stream(s);
+  // An h the kernels do not store (integer or bool inputs, as rms_norm
+  // accepts them, and float64): the composition itself, MLX's add and our
+  // rms_norm (which casts h, or runs float64 in float64).
+  if (!is_kernel_dtype(h_type)) {
+    auto h = mx::add(x, residual, stream);
+    return {rms_norm(h, weight, eps, stream, offset), h};
+  }
   // x and residual are read in h's dtype (a mixed pair is cast first).
   auto xh = x.dtype() == h_type ? x : mx::astype(x, h_type, stream);
   auto rh = residual.dtype() == h_type ? residual : mx::astype(residual, h_type, stream);
   std::optional<mx::array> w;
   if (weight) w = kernel_input(*weight, out_type, stream);
-  // float64: MLX ops in float64 (reference.h); the kernels read 16/32-bit floats.
-  if (out_type == mx::float64 || h_type == mx::float64) {
-    return reference_forward(xh, rh, w, eps, offset, stream);
-  }
+  // float64 weight: MLX ops in float64 (reference.h); the kernels read
+  // 16/32-bit floats.
+  if (out_type == mx::float64) return reference_forward(xh, rh, w, eps, offset, stream);
   std::vector<mx::array> inputs = {xh, rh};
   if (w) inputs.push_back(*w);
   return mx::array::make_arrays(
