@@ -605,7 +605,7 @@ def gemma_accuracy(device, shape=(4096, 2048), seed=60):
         d = np.abs(np.array(y.astype(mx.float32), dtype=np.float64) - ref)
         out[name] = (float(np.max(d / half_ulp)), float(np.max(d) / np.max(np.abs(ref))),
                      float(np.mean(d / half_ulp)))
-    print(f"\nGemma norm accuracy, {shape[0]}x{shape[1]} bf16 on {device}, vs float64 "
+    print(f"\nGemma norm accuracy, {shape[0]}x{shape[1]} bf16 on {device_name(device)}, vs float64 "
           f"(max and mean |err| in bf16 half-ulps; max |err| / max |ref|):")
     for name, (hu, rel, mean) in out.items():
         print(f"  {name:22} max {hu:5.2f} half-ulps  mean {mean:5.3f}  rel {rel:.2e}")
