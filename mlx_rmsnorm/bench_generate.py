@@ -17,13 +17,16 @@ only the embedding and the head, which the norm never sees.
 
 Contenders: the built-in, patch(), and patch(fuse=True) (the residual add
 fused into the norm where mlx_rmsnorm.fused_architectures() lists the model).
-Each round times the prefill and every decode step; a row gives ms (median
+Each round, every contender prefills its own KV cache, then the contenders
+decode in turn, one token each, the order rotating every token (the machine's
+drift, which moved a Llama token between 6.8 and 8.0 ms from one stretch of
+seconds to the next, then falls on all of them alike). A row gives ms (median
 [min-max] over rounds of each round's figure: the prefill, the median decode
 step) and the ratios built-in / plugin and built-in / fused (median [min-max]
-of per-round ratios, each against the built-in round before it). The greedy tokens of
-every round must be the built-in's first round's; where they part, the
-built-in's margin between its two best logits at that step must be within
-bf16 rounding (a near-tie), or the run fails.
+of per-round ratios). The greedy tokens of every contender and round must be
+the built-in's first round's; where they part, the built-in's margin between
+its two best logits at that step must be within bf16 rounding (a near-tie),
+or the run fails.
 """
 
 from __future__ import annotations
@@ -75,8 +78,8 @@ def build_model(name, vocab, quick):
     return model
 
 
-def generate(model, prompt, tokens):
-    """(prefill seconds, [decode step seconds], greedy tokens, top-2 margins)."""
+def prefill(model, prompt):
+    """(seconds, KV cache, logits, greedy token) of the prompt in one eval."""
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
@@ -84,18 +87,24 @@ def generate(model, prompt, tokens):
     logits = model(prompt[None], cache=cache)[:, -1]
     tok = mx.argmax(logits, axis=-1)
     mx.eval(tok)
-    prefill = time.perf_counter() - t0
-    out, margins, steps = [], [], []
-    for _ in range(tokens):
-        top2 = mx.topk(logits.astype(mx.float32), 2, axis=-1)
-        out.append(tok.item())
-        margins.append(abs((top2[0, 1] - top2[0, 0]).item()))
-        t0 = time.perf_counter()
-        logits = model(tok[:, None], cache=cache)[:, -1]
-        tok = mx.argmax(logits, axis=-1)
-        mx.eval(tok, logits)
-        steps.append(time.perf_counter() - t0)
-    return prefill, steps, out, margins
+    return time.perf_counter() - t0, cache, logits, tok
+
+
+def decode_step(model, cache, tok):
+    """(seconds, logits, greedy token) of one token in one eval."""
+    t0 = time.perf_counter()
+    logits = model(tok[:, None], cache=cache)[:, -1]
+    tok = mx.argmax(logits, axis=-1)
+    mx.eval(tok, logits)
+    return time.perf_counter() - t0, logits, tok
+
+
+def _use(plugin, fuse):
+    import mlx_rmsnorm
+
+    mlx_rmsnorm.unpatch()  # patch() alone would leave an earlier fuse on
+    if plugin:
+        mlx_rmsnorm.patch(fuse=fuse)
 
 
 def check_tokens(reference, margins, tokens, label):
@@ -109,6 +118,12 @@ def check_tokens(reference, margins, tokens, label):
 
 
 def bench(name, args, progress):
+    """{variant: [(prefill s, median decode step s)] a round}, and where the
+    greedy tokens parted at near-ties. In a round each contender prefills its
+    own KV cache, then the contenders decode token by token in turn (the
+    order rotating every token), each on its own cache: a round's figures
+    are taken over the same seconds of the machine's drift, so the per-round
+    ratios compare like with like."""
     import mlx_rmsnorm
 
     model = build_model(name, args.vocab, args.quick)
@@ -117,23 +132,37 @@ def bench(name, args, progress):
     rounds = {v: [] for v, _, _ in VARIANTS}
     reference = None
     parted = []
+    k = len(VARIANTS)
+    rotated = lambda i: [VARIANTS[(i + j) % k] for j in range(k)]
     for r in range(args.rounds + 1):  # the first round warms up
-        for variant, plugin, fuse in VARIANTS:
-            mlx_rmsnorm.unpatch()  # patch() alone would leave an earlier fuse on
-            if plugin:
-                mlx_rmsnorm.patch(fuse=fuse)
-            prefill, steps, tokens, margins = generate(model, prompt, args.tokens)
+        state = {}
+        for variant, plugin, fuse in rotated(r):
+            _use(plugin, fuse)
+            seconds, cache, logits, tok = prefill(model, prompt)
+            state[variant] = dict(prefill=seconds, cache=cache, logits=logits, tok=tok,
+                                  steps=[], tokens=[], margins=[])
+        for i in range(args.tokens):
+            for variant, plugin, fuse in rotated(r + i):
+                st = state[variant]
+                top2 = mx.topk(st["logits"].astype(mx.float32), 2, axis=-1)
+                st["tokens"].append(st["tok"].item())
+                st["margins"].append(abs((top2[0, 1] - top2[0, 0]).item()))
+                _use(plugin, fuse)
+                seconds, st["logits"], st["tok"] = decode_step(model, st["cache"], st["tok"])
+                st["steps"].append(seconds)
+        for variant, _, _ in VARIANTS:
+            st = state[variant]
             if reference is None:
-                reference = (tokens, margins)
+                reference = (st["tokens"], st["margins"])
             else:
-                where = check_tokens(*reference, tokens, f"{name} {variant} round {r}")
+                where = check_tokens(*reference, st["tokens"], f"{name} {variant} round {r}")
                 if where is not None:
                     parted.append(where)
             if r:
-                rounds[variant].append((prefill, statistics.median(steps)))
-            progress.update(1)
+                rounds[variant].append((st["prefill"], statistics.median(st["steps"])))
+        progress.update(k)
     mlx_rmsnorm.unpatch()
-    del model
+    del model, state
     mx.clear_cache()
     return rounds, parted
 

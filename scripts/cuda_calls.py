@@ -102,14 +102,19 @@ def scenarios(names):
             mx.eval(outs)
         return run
 
-    def decode(layers):
-        from mlx_lm.models import cache as kv_cache, qwen3
+    def decode(model_name, layers):
+        """One greedy token per eval of a random-weight mlx-lm model (the
+        generation benchmark's shapes, mlx_rmsnorm/bench_generate.py), with
+        `layers` decoder layers."""
+        import importlib
+
+        from mlx_lm.models import cache as kv_cache
+        from mlx_rmsnorm.bench_generate import MODELS
+        module_name, config = MODELS[model_name]
+        module = importlib.import_module(f"mlx_lm.models.{module_name}")
         mx.random.seed(0)
-        model = qwen3.Model(qwen3.ModelArgs(
-            model_type="qwen3", hidden_size=1024, num_hidden_layers=layers, intermediate_size=3072,
-            num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
-            max_position_embeddings=40960, tie_word_embeddings=True, rope_theta=1e6,
-            vocab_size=32768))
+        model = module.Model(module.ModelArgs(**dict(config, num_hidden_layers=layers,
+                                                     vocab_size=32768)))
         model.set_dtype(mx.bfloat16)
         mx.eval(model.parameters())
         prompt = mx.random.randint(0, 32768, (1, 64))
@@ -166,7 +171,8 @@ def scenarios(names):
         "bwd1-8192x2048": (lambda: single_bwd(8192, 2048), 40),
         "bwd1-frozen-8192x2048": (lambda: single_bwd(8192, 2048, frozen=True), 40),
         "bwd20-8192x1024": (lambda: many_bwd(8192, 1024), 20),
-        "decode-qwen3-0.6b": (lambda: decode(28), 40),
+        "decode-qwen3-0.6b": (lambda: decode("qwen3-0.6b", 28), 40),
+        "decode-llama-3-8b": (lambda: decode("llama-3-8b", 32), 40),
         "train-qwen3-0.6b": (lambda: train_step("qwen3-0.6b"), 6),
         "train-llama-8b-slice-frozen": (lambda: train_step("llama-8b-slice", frozen=True), 6),
         "train-llama-8b-slice": (lambda: train_step("llama-8b-slice"), 6),
