@@ -11,6 +11,7 @@ namespace rmsnorm {
 namespace {
 
 using plans::kForward;
+using plans::kForwardOneWave;
 
 // ADD: the fused residual add (FwdArgs::residual set; the AddRmsRow policy
 // of the same kernel) runs the same table rows: its row lives in registers
@@ -28,6 +29,15 @@ const void* rows_kernel(int row, std::index_sequence<I...>) {
                 kForward[I].chunks, kForward[I].stages,
                 kForward[I].persistent || (W_FIRST && kForward[I].block <= 512),
                 std::conditional_t<ADD, AddRmsRow, RmsRow>>)...};
+  return kernels[row];
+}
+
+// The one-wave rows (plans::kForwardOneWave): w read beside x, in registers.
+template <typename X, typename O, std::size_t... I>
+const void* one_wave_kernel(int row, std::index_sequence<I...>) {
+  static const void* const kernels[] = {reinterpret_cast<const void*>(
+      &fwd_rows<X, O, kForwardOneWave[I].block, kForwardOneWave[I].group,
+                kForwardOneWave[I].chunks, 1, true, RmsRow>)...};
   return kernels[row];
 }
 
@@ -59,16 +69,31 @@ Plan plan_forward(const FwdArgs& a) {
       return add ? plan_looped<X, O, kVec, true>(a, p) : plan_looped<X, O, kVec, false>(a, p);
     };
     if (vec != full) return looped(std::integral_constant<int, 1>{});
+    // A call of at most one wave of steps (decode: 1-64 rows) is one row's
+    // latency long: the one-wave table's rows (plans.h), each a block no
+    // more than one vector deep. (The fused add keeps the many-row table:
+    // not measured with the one-wave rows.)
+    const int wave_row = detail::table_row(kForwardOneWave, a.n / full);
+    if (!add && wave_row >= 0) {
+      const auto& cfg = kForwardOneWave[wave_row];
+      const int64_t steps = detail::ceil_div(a.rows, cfg.block / cfg.group);
+      if (steps <= detail::sm_count()) {
+        const void* fn = one_wave_kernel<X, O>(
+            wave_row, std::make_index_sequence<std::size(kForwardOneWave)>{});
+        p.calls.push_back(detail::make_call(fn, dim3(steps), dim3(cfg.block), 0,
+                                            "fwd_rows_one_wave"));
+        return;
+      }
+    }
     if (row < 0) return looped(std::integral_constant<int, full>{});
     const auto& cfg = kForward[row];
     const int rows_per_step = cfg.block / cfg.group;
     const int64_t steps = detail::ceil_div(a.rows, rows_per_step);
-    // A call of at most one wave of blocks (decode: 1-64 rows) is one DRAM
-    // round trip long, and reading w after the reduction made it two: ncu
-    // on the H200, 1 x 4096 bf16, 4.5-5.6 us against the built-in's 4.0-4.8
-    // (which loads w beside x). Many rows hide that latency behind other
-    // blocks' loads, and there the table's low-register kernel wins. (The
-    // fused add keeps the table's kernel: not measured with w first.)
+    // Past the one-wave table, one wave still reads w beside x: reading it
+    // after the reduction makes a lone row two DRAM round trips (ncu, H200,
+    // 1 x 4096 bf16: 4.5-5.6 us against the built-in's 4.0-4.8). Many rows
+    // hide that latency behind other blocks' loads, and there the table's
+    // low-register kernel wins.
     const bool one_wave = steps <= detail::sm_count();
     constexpr auto rows = std::make_index_sequence<std::size(kForward)>{};
     const void* fn = add        ? rows_kernel<X, O, true, false>(row, rows)

@@ -155,6 +155,34 @@ inline constexpr RowPlan kForward[] = {
     {4096, 1024, 1024, 4, 1, false, 1, kPerStep},  // N <= 32768
 };
 
+// Forward, one wave of rows (decode: a token's 1-64 rows, at most one step
+// of rows per SM): a call is one row's latency, not bandwidth, and the rows
+// above were sized for bandwidth. Chosen with cuda/cli/tune_decode (H200,
+// bf16, 200 back-to-back launches in a CUDA graph, as in a decode step's
+// chain, us per launch at 1 / 16 / 64 rows; docs/h200/s8/tune-decode-*.log):
+// - w is loaded beside x (fwd_rows PERSISTENT), never after the reduction:
+//   that costs a second round trip, 1x4096 2.16 vs 2.56 us (128 x 4).
+// - One 16-byte vector a thread (the block is the row) up to N = 5120:
+//   1x1024 128 x 1 1.56 us against 64 x 2 1.77 and a warp of 4 chunks 1.82;
+//   1x2048 256 x 1 1.80 vs 128 x 2 1.98; 1x2560 320 x 1 1.85 vs 160 x 2
+//   2.03; 1x4096 512 x 1 2.00 vs 256 x 2 2.11, 128 x 4 2.16; 1x5120 640 x 1
+//   2.12 vs 320 x 2 2.20, 160 x 4 2.31. The same order at 16 and 64 rows.
+//   Fewer chunks a thread is a shorter dependent chain of loads, converts
+//   and multiply-adds per thread, and more warps issue the row's loads.
+// - At N = 8192 the row above (256 x 4, w first) stays: 2.41 us, 512 x 2
+//   2.42, 1024 x 1 2.54 (the block-wide reduction over 32 warps).
+// Up to N = 512 the rows are the table's above (a group of lanes per row,
+// w in registers already). Past this table, one wave takes the row above
+// with w first (forward.cu).
+inline constexpr RowPlan kForwardOneWave[] = {
+    kForward[0], kForward[1], kForward[2], kForward[3], kForward[4],
+    {128, 128, 128, 1, 1, false, 1, kPersistent},  // N <= 1024 bf16
+    {256, 256, 256, 1, 1, false, 1, kPersistent},  // N <= 2048
+    {320, 320, 320, 1, 1, false, 1, kPersistent},  // N <= 2560
+    {512, 512, 512, 1, 1, false, 1, kPersistent},  // N <= 4096
+    {640, 640, 640, 1, 1, false, 1, kPersistent},  // N <= 5120
+};
+
 // LayerNorm (row_math.cuh LayerRow; planned in layer_norm.cu). The same
 // walks, so the RMSNorm rows are reused where they fit, copied by index so
 // that a retuned RMSNorm row carries over:

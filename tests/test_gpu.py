@@ -5,7 +5,8 @@ of gw and determinism. Skipped without MLX CUDA and our kernels."""
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import GPU_AVAILABLE, ONE_ROUNDING, TOL, gx_scale, random, ref_backward, ref_forward, rel_err, ulp_errors
+from conftest import (GPU_AVAILABLE, ONE_ROUNDING, TOL, gx_scale, random, ref_backward, ref_forward, rel_err,
+                      to_numpy, ulp_errors)
 
 import mlx_rmsnorm
 
@@ -95,6 +96,34 @@ def test_mixed_and_no_weight(n, w_dtype):
     assert y.dtype == out_type
     assert rel_err(y, ref_forward(x, w, 1e-5)) <= TOL[out_type]
     check_against_float64(x, w, g, (y, gx, gw), TOL[mx.bfloat16], 1e-5)
+
+
+# The one-wave forward (decode: plans::kForwardOneWave): every row of its
+# table, N between rows (idle lanes: 1536, 3000) and just past it (5128),
+# and row counts on both sides of one wave (132 SMs on the H200: 132 rows
+# are one wave of its block-per-row rows, 133 are not).
+ONE_WAVE_N = [256, 1024, 1536, 2048, 2560, 3000, 4096, 5120, 5128]
+
+
+@pytest.mark.parametrize("rows", [1, 7, 132, 133])
+@pytest.mark.parametrize("n", ONE_WAVE_N)
+@pytest.mark.parametrize("dtype,w_dtype", [(mx.bfloat16, mx.bfloat16), (mx.float16, mx.float16),
+                                           (mx.float32, mx.float32), (mx.bfloat16, mx.float32),
+                                           (mx.bfloat16, None)],
+                         ids=["bf16", "f16", "f32", "bf16-f32w", "bf16-no-w"])
+def test_one_wave_forward(rows, n, dtype, w_dtype):
+    x = random((1, rows, n), dtype, rows + n)
+    w = None if w_dtype is None else random((n,), w_dtype, n, 0.5, 1.0)
+    y = mlx_rmsnorm.rms_norm(x, w, 1e-5, stream=mx.gpu)
+    builtin = mx.fast.rms_norm(x, w, 1e-5, stream=mx.gpu)
+    mx.eval(y, builtin)
+    assert y.dtype == builtin.dtype and y.shape == x.shape
+    # y is formed in fp32 and rounded once: within one rounding of float64
+    # (fp32 outputs: within a few fp32 roundings), and of the built-in
+    ref = ref_forward(x, w, 1e-5)
+    tol = 1e-6 if y.dtype == mx.float32 else ONE_ROUNDING[y.dtype] + 1e-6
+    assert rel_err(y, ref) <= tol
+    assert rel_err(y, to_numpy(builtin), np.abs(ref).max()) <= 2 * tol
 
 
 @pytest.mark.parametrize("n", [64, 1024, 8192])

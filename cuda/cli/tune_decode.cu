@@ -1,0 +1,145 @@
+// Tuning bench for the forward of one wave of rows (decode: 1 to 64 rows),
+// without MLX:
+//
+//   tune_decode [graphs]
+//
+// A decode step is a chain of small kernels, each waiting for the last, so
+// what counts is one launch's latency inside a CUDA graph, not bandwidth.
+// For each shape (bf16) and candidate below it captures kLaunches
+// back-to-back launches of the kernel into one graph (each reads x, which
+// the previous kernel's y sits beside in L2, as in a step) and reports the
+// median over `graphs` replays of graph time / kLaunches, checking y against
+// the first candidate. Every candidate loads w beside x (the PERSISTENT form
+// of fwd_rows) except the ones marked "w late" (the many-row table's form).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+#include <vector>
+
+#include "common.h"
+#include "forward.cuh"
+#include "plans.h"
+
+namespace {
+
+using rmsnorm::plans::RowPlan;
+using X = __nv_bfloat16;
+constexpr int kLaunches = 200;
+
+// {max_nvec, block, group, chunks, stages, -, -, w first}: a block per row
+// (group == block) or a warp per row (group 32); chunks vectors a thread.
+constexpr bool W = true, L = false;  // w loaded beside x, or after the reduction
+constexpr RowPlan kCandidates[] = {
+    // N = 1024 (128 vectors)
+    {128, 64, 64, 2, 1, false, 1, W}, {128, 64, 64, 2, 1, false, 1, L},
+    {128, 128, 128, 1, 1, false, 1, W}, {128, 32, 32, 4, 1, false, 1, W},
+    // N = 2048 (256)
+    {256, 128, 128, 2, 1, false, 1, W}, {256, 128, 128, 2, 1, false, 1, L},
+    {256, 256, 256, 1, 1, false, 1, W}, {256, 64, 64, 4, 1, false, 1, W},
+    // N = 2560 (320)
+    {320, 160, 160, 2, 1, false, 1, W}, {320, 160, 160, 2, 1, false, 1, L},
+    {320, 320, 320, 1, 1, false, 1, W},
+    // N = 4096 (512)
+    {512, 128, 128, 4, 1, false, 1, W}, {512, 128, 128, 4, 1, false, 1, L},
+    {512, 256, 256, 2, 1, false, 1, W}, {512, 512, 512, 1, 1, false, 1, W},
+    // N = 5120 (640)
+    {640, 160, 160, 4, 1, false, 1, W}, {640, 160, 160, 4, 1, false, 1, L},
+    {640, 320, 320, 2, 1, false, 1, W}, {640, 640, 640, 1, 1, false, 1, W},
+    // N = 8192 (1024)
+    {1024, 256, 256, 4, 1, false, 1, W}, {1024, 256, 256, 4, 1, false, 1, L},
+    {1024, 512, 512, 2, 1, false, 1, W}, {1024, 1024, 1024, 1, 1, false, 1, W},
+};
+constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
+
+template <std::size_t... I>
+const void* kernel_of(int i, std::index_sequence<I...>) {
+  static const void* const kernels[] = {reinterpret_cast<const void*>(
+      &rmsnorm::fwd_rows<X, X, kCandidates[I].block, kCandidates[I].group,
+                         kCandidates[I].chunks, kCandidates[I].stages,
+                         kCandidates[I].persistent>)...};
+  return kernels[i];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int graphs = argc > 1 ? std::atoi(argv[1]) : 20;
+  const int ns[] = {1024, 2048, 2560, 4096, 5120, 8192};
+  const int64_t row_counts[] = {1, 16, 64};
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  std::printf("%-10s %-26s %9s  %s\n", "shape", "candidate", "us/launch", "check vs first");
+  int status = 0;
+  for (int n : ns) {
+    for (int64_t m : row_counts) {
+      const size_t count = size_t(m) * n;
+      X *x, *w, *y;
+      CHECK(cudaMalloc(&x, count * 2));
+      CHECK(cudaMalloc(&y, count * 2));
+      CHECK(cudaMalloc(&w, n * 2));
+      cli::fill<<<64, 256>>>(x, count, 1);
+      cli::fill<<<64, 256>>>(w, n, 3);
+      CHECK(cudaDeviceSynchronize());
+      char label[32];
+      std::snprintf(label, sizeof label, "%lldx%d", (long long)m, n);
+      std::vector<float> ref;
+      for (int i = 0; i < kCount; ++i) {
+        const RowPlan& p = kCandidates[i];
+        if (p.max_nvec != n / 8) continue;
+        const void* fn = kernel_of(i, std::make_index_sequence<kCount>{});
+        const int64_t grid = (m + p.block / p.group - 1) / (p.block / p.group);
+        rmsnorm::FwdArgs a{x, w, y, m, n, 1e-5f, rmsnorm::DType::BF16, rmsnorm::DType::BF16,
+                           rmsnorm::DType::BF16};
+        void* params[] = {&a};
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+        for (int k = 0; k < kLaunches; ++k)
+          CHECK(cudaLaunchKernel(fn, dim3(grid), dim3(p.block), params, 0, stream));
+        CHECK(cudaStreamEndCapture(stream, &graph));
+        CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        CHECK(cudaGraphLaunch(exec, stream));  // warm-up
+        CHECK(cudaStreamSynchronize(stream));
+        std::vector<float> times;
+        for (int r = 0; r < graphs; ++r) {
+          CHECK(cudaEventRecord(start, stream));
+          CHECK(cudaGraphLaunch(exec, stream));
+          CHECK(cudaEventRecord(stop, stream));
+          CHECK(cudaEventSynchronize(stop));
+          float ms = 0;
+          CHECK(cudaEventElapsedTime(&ms, start, stop));
+          times.push_back(ms * 1000.f / kLaunches);
+        }
+        std::sort(times.begin(), times.end());
+        CHECK(cudaGraphExecDestroy(exec));
+        CHECK(cudaGraphDestroy(graph));
+        CHECK(cudaMemset(y, 0xff, count * 2));
+        CHECK(cudaLaunchKernel(fn, dim3(grid), dim3(p.block), params, 0, stream));
+        CHECK(cudaStreamSynchronize(stream));
+        auto hy = cli::to_host(y, count);
+        char name[48];
+        std::snprintf(name, sizeof name, "{%d,%d,%d}%s", p.block, p.group, p.chunks,
+                      p.persistent ? " w first" : " w late");
+        char check[48] = "reference";
+        if (ref.empty()) {
+          ref = hy;
+        } else {
+          const double d = cli::max_rel_diff(hy, ref);
+          const bool ok = d <= 1e-2;
+          std::snprintf(check, sizeof check, "y %.1e %s", d, ok ? "ok" : "DIFFER");
+          if (!ok) status = 1;
+        }
+        std::printf("%-10s %-26s %9.3f  %s\n", label, name, times[times.size() / 2], check);
+      }
+      for (void* p : {(void*)x, (void*)y, (void*)w}) CHECK(cudaFree(p));
+      std::fflush(stdout);
+    }
+  }
+  return status;
+}
