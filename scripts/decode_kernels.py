@@ -66,7 +66,8 @@ def main():
     for r in body:
         k = kernels.setdefault(int(r[col["ID"]]), dict(name=r[col["Kernel Name"]],
                                grid=r[col["Grid Size"]], block=r[col["Block Size"]]))
-        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(r[col["Metric Unit"]], 1.0)
+        # time units: ns / nsecond, us / usecond, ms / msecond (by ncu version)
+        scale = {"n": 1e-3, "u": 1.0, "m": 1e3}.get(r[col["Metric Unit"]][:1], 1.0)
         k[r[col["Metric Name"]]] = float(r[col["Metric Value"]].replace(",", "")) * scale
     ordered = [kernels[i] for i in sorted(kernels)]
     if len(ordered) != len(cases) * args.launches:
