@@ -203,7 +203,7 @@ def measure(fn, evals, counter):
     return res
 
 
-def report(name, res, evals, out):
+def report(name, res, evals, out, kernel_width=60):
     b, p = res["builtin"], res["plugin"]
     ms = lambda r: statistics.median(r["times"]) * 1e3
     gpu = lambda r: sum(ns for k, (_, ns) in r["counts"].items() if k.startswith("ker:")) / evals / 1e3
@@ -216,7 +216,7 @@ def report(name, res, evals, out):
                  key=lambda k: (-abs(get(p, k)[0] - get(b, k)[0]), k))
     kernels = sorted((k for k in keys if k.startswith("ker:")),
                      key=lambda k: -abs(get(p, k)[1] - get(b, k)[1]))
-    for title, ks, width in (("API call", api, 44), ("kernel (GPU time)", kernels, 60)):
+    for title, ks, width in (("API call", api, 44), ("kernel (GPU time)", kernels, kernel_width)):
         lines.append(f"{title:{width}} {'builtin/eval':>12} {'plugin/eval':>12} {'us/eval b':>10} {'us/eval p':>10}")
         for k in ks:
             (cb, nb), (cp, np_) = get(b, k), get(p, k)
@@ -232,6 +232,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="cuda-calls.txt")
     p.add_argument("--scenarios", default="")
+    p.add_argument("--kernel-width", type=int, default=60, help="characters of kernel names shown")
     args = p.parse_args()
     if os.environ.get("CUDA_INJECTION64_PATH") != LIB:
         build()
@@ -242,7 +243,7 @@ def main():
     with open(args.out, "w") as out:
         for name, (make, evals) in scenarios(names).items():
             res = measure(make(), evals, counter)
-            report(name, res, evals, out)
+            report(name, res, evals, out, args.kernel_width)
 
 
 if __name__ == "__main__":
