@@ -74,26 +74,18 @@ if has host; then
   timeout "$(cap 60 30)" python3 "$R/scripts/host_overhead.py" --shapes 1x1x1024,1x1x16x128,1x1x4096 \
     --calls 200 --repeats 10 2>&1 | tee "$OUT/host-overhead.txt" | grep -E "calls per eval|^fwd|^bwd"
 fi
-if has train-shapes; then
-  step "training and decode shapes"
-  timeout "$(cap 120 30)" python3 -m mlx_rmsnorm.bench --sections training,decode --repeats 5 --singles 5 \
-    --out /tmp/bench 2>&1 | grep -v "cases\|case " | tee "$OUT/bench-training.log" | tail -4
-fi
-if has table; then
-  step "nine big shapes"
-  timeout "$(cap 90 30)" python3 -m mlx_rmsnorm.bench --sections table --repeats 5 --out /tmp/bench 2>&1 \
-    | grep -v "cases\|case " | tee "$OUT/bench-table.log" | tail -25
-fi
-if has fused; then
-  step "fused add + norm"
-  timeout "$(cap 60 30)" python3 -m mlx_rmsnorm.bench --fused --out /tmp/bench 2>&1 | grep -v "cases\|case " \
-    | tee "$OUT/bench-fused.log" | tail -4
-fi
-if has layernorm; then
-  step "LayerNorm training shapes"
-  timeout "$(cap 60 30)" python3 -m mlx_rmsnorm.bench --sections ln_training --repeats 5 --out /tmp/bench 2>&1 \
-    | grep -v "cases\|case " | tee "$OUT/bench-ln.log" | tail -4
-fi
+# bench TITLE LOG LIMIT ARGS...: one section run of the benchmark, its table in OUT/LOG
+bench() {
+  local title=$1 log=$2 limit=$3; shift 3
+  step "$title"
+  timeout "$(cap "$limit" 30)" python3 -m mlx_rmsnorm.bench "$@" --out /tmp/bench 2>&1 \
+    | grep -v "cases\|case " | tee "$OUT/$log" | tail -4
+}
+has train-shapes && bench "training and decode shapes" bench-training.log 120 \
+  --sections training,decode --repeats 5 --singles 5
+has table && bench "nine big shapes" bench-table.log 90 --sections table --repeats 5
+has fused && bench "fused add + norm" bench-fused.log 60 --fused
+has layernorm && bench "LayerNorm training shapes" bench-ln.log 60 --sections ln_training --repeats 5
 if has steps; then
   step "training steps (built-in, patch(), patch(fuse=True))"
   { timeout "$(cap 150 30)" python3 "$R/examples/bench_train_step.py" --rounds 5 --model qwen3-0.6b,llama-8b-slice 2>&1

@@ -85,4 +85,38 @@ double median_us(int iters, Launch launch) {
   return times[times.size() / 2];
 }
 
+// Median over `graphs` replays of one CUDA graph that holds `per_graph`
+// back-to-back runs of launch(stream), after one untimed replay: us per run
+// (a chain of small kernels as MLX records them, launch gaps included).
+template <typename Launch>
+double graph_median_us(cudaStream_t stream, int per_graph, int graphs, Launch launch) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  for (int k = 0; k < per_graph; ++k) launch(stream);
+  CHECK(cudaStreamEndCapture(stream, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  CHECK(cudaGraphLaunch(exec, stream));
+  CHECK(cudaStreamSynchronize(stream));
+  std::vector<float> times;
+  for (int r = 0; r < graphs; ++r) {
+    CHECK(cudaEventRecord(start, stream));
+    CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(stop, stream));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms * 1000.f / per_graph);
+  }
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(stop));
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 }  // namespace cli

@@ -71,9 +71,6 @@ int main(int argc, char** argv) {
   const int64_t row_counts[] = {1, 16, 64};
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
   std::printf("%-10s %-26s %9s  %s\n", "shape", "candidate", "us/launch", "check vs first");
   int status = 0;
   for (int n : ns) {
@@ -97,30 +94,12 @@ int main(int argc, char** argv) {
         rmsnorm::FwdArgs a{x, w, y, m, n, 1e-5f, rmsnorm::DType::BF16, rmsnorm::DType::BF16,
                            rmsnorm::DType::BF16};
         void* params[] = {&a};
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-        for (int k = 0; k < kLaunches; ++k)
-          CHECK(cudaLaunchKernel(fn, dim3(grid), dim3(p.block), params, 0, stream));
-        CHECK(cudaStreamEndCapture(stream, &graph));
-        CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        CHECK(cudaGraphLaunch(exec, stream));  // warm-up
-        CHECK(cudaStreamSynchronize(stream));
-        std::vector<float> times;
-        for (int r = 0; r < graphs; ++r) {
-          CHECK(cudaEventRecord(start, stream));
-          CHECK(cudaGraphLaunch(exec, stream));
-          CHECK(cudaEventRecord(stop, stream));
-          CHECK(cudaEventSynchronize(stop));
-          float ms = 0;
-          CHECK(cudaEventElapsedTime(&ms, start, stop));
-          times.push_back(ms * 1000.f / kLaunches);
-        }
-        std::sort(times.begin(), times.end());
-        CHECK(cudaGraphExecDestroy(exec));
-        CHECK(cudaGraphDestroy(graph));
-        CHECK(cudaMemset(y, 0xff, count * 2));
-        CHECK(cudaLaunchKernel(fn, dim3(grid), dim3(p.block), params, 0, stream));
+        auto run = [&](cudaStream_t s) {
+          CHECK(cudaLaunchKernel(fn, dim3(grid), dim3(p.block), params, 0, s));
+        };
+        const double us = cli::graph_median_us(stream, kLaunches, graphs, run);
+        CHECK(cudaMemsetAsync(y, 0xff, count * 2, stream));  // poison, in stream order
+        run(stream);
         CHECK(cudaStreamSynchronize(stream));
         auto hy = cli::to_host(y, count);
         char name[48];
@@ -135,7 +114,7 @@ int main(int argc, char** argv) {
           std::snprintf(check, sizeof check, "y %.1e %s", d, ok ? "ok" : "DIFFER");
           if (!ok) status = 1;
         }
-        std::printf("%-10s %-26s %9.3f  %s\n", label, name, times[times.size() / 2], check);
+        std::printf("%-10s %-26s %9.3f  %s\n", label, name, us, check);
       }
       for (void* p : {(void*)x, (void*)y, (void*)w}) CHECK(cudaFree(p));
       std::fflush(stdout);

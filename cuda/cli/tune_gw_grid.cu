@@ -60,9 +60,6 @@ int main(int argc, char** argv) {
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
   std::printf("%-11s %-22s %6s %6s %9s  %s\n", "shape", "row", ">=steps", "grid", "us/call",
               "check vs uncapped");
   int status = 0;
@@ -82,6 +79,7 @@ int main(int argc, char** argv) {
     cli::fill<<<1024, 256>>>(x, count, 1);
     cli::fill<<<1024, 256>>>(g, count, 2);
     cli::fill<<<64, 256>>>(w, n, 3);
+    CHECK(cudaDeviceSynchronize());  // the inputs before `stream` (non-blocking) reads them
     const int nvec = n / 8;
     const size_t smem = rmsnorm::plans::persistent_smem(p, nvec, 1);
     CHECK(cudaFuncSetAttribute(s.row.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -110,35 +108,15 @@ int main(int argc, char** argv) {
                                ? reinterpret_cast<const void*>(&rmsnorm::colsum<float, true, 8>)
                                : reinterpret_cast<const void*>(&rmsnorm::colsum<float, true, 32>);
       const int cols = n < rmsnorm::plans::kColsumNarrowBelow ? 8 : 32;
-      auto call = [&] {
-        CHECK(cudaLaunchKernel(s.row.fn, dim3(grid), dim3(p.block), params, smem, stream));
+      auto call = [&](cudaStream_t st) {
+        CHECK(cudaLaunchKernel(s.row.fn, dim3(grid), dim3(p.block), params, smem, st));
         CHECK(cudaLaunchKernel(colsum, dim3((n + cols - 1) / cols), dim3(cols, 1024 / cols),
-                               params, 0, stream));
+                               params, 0, st));
       };
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-      for (int k = 0; k < kCalls; ++k) call();
-      CHECK(cudaStreamEndCapture(stream, &graph));
-      CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      CHECK(cudaGraphLaunch(exec, stream));
-      CHECK(cudaStreamSynchronize(stream));
-      std::vector<float> times;
-      for (int i = 0; i < graphs; ++i) {
-        CHECK(cudaEventRecord(start, stream));
-        CHECK(cudaGraphLaunch(exec, stream));
-        CHECK(cudaEventRecord(stop, stream));
-        CHECK(cudaEventSynchronize(stop));
-        float ms = 0;
-        CHECK(cudaEventElapsedTime(&ms, start, stop));
-        times.push_back(ms * 1000.f / kCalls);
-      }
-      std::sort(times.begin(), times.end());
-      CHECK(cudaGraphExecDestroy(exec));
-      CHECK(cudaGraphDestroy(graph));
-      CHECK(cudaMemset(gx, 0xff, count * 2));
-      CHECK(cudaMemset(gw, 0xff, n * 4));
-      call();
+      const double us = cli::graph_median_us(stream, kCalls, graphs, call);
+      CHECK(cudaMemsetAsync(gx, 0xff, count * 2, stream));  // poison, in stream order
+      CHECK(cudaMemsetAsync(gw, 0xff, n * 4, stream));
+      call(stream);
       CHECK(cudaStreamSynchronize(stream));
       auto hx = cli::to_host(gx, count);
       auto hw = cli::to_host(gw, n);  // gw in w's dtype (bf16)
@@ -153,7 +131,7 @@ int main(int argc, char** argv) {
         if (!ok) status = 1;
       }
       std::printf("%-11s %-22s %6d %6lld %9.2f  %s\n", label, rowname, r, (long long)grid,
-                  times[times.size() / 2], check);
+                  us, check);
     }
     for (void* q : {(void*)x, (void*)g, (void*)gx, (void*)w, (void*)gw, (void*)partials})
       CHECK(cudaFree(q));
