@@ -167,8 +167,8 @@ inline constexpr RowPlan kForward[] = {
 //   1x2048 256 x 1 1.80 vs 128 x 2 1.98; 1x2560 320 x 1 1.85 vs 160 x 2
 //   2.03; 1x4096 512 x 1 2.00 vs 256 x 2 2.11, 128 x 4 2.16; 1x5120 640 x 1
 //   2.12 vs 320 x 2 2.20, 160 x 4 2.31. The same order at 16 and 64 rows.
-//   Fewer chunks a thread is a shorter dependent chain of loads, converts
-//   and multiply-adds per thread, and more warps issue the row's loads.
+//   Not profiled; likely, fewer chunks a thread is a shorter chain of
+//   dependent work per thread, and more warps issue the row's loads.
 // - At N = 8192 the row above (256 x 4, w first) stays: 2.41 us, 512 x 2
 //   2.42, 1024 x 1 2.54 (the block-wide reduction over 32 warps).
 // Up to N = 512 the rows are the table's above (a group of lanes per row,
