@@ -80,6 +80,40 @@ const mx::array& rows_of(const mx::array& in, std::optional<mx::array>& copy,
   return *copy;
 }
 
+void record_backward(mx::cu::CommandEncoder& enc, const mx::Stream& s,
+                     const rmsnorm::Plan& plan, rmsnorm::BwdArgs& a,
+                     std::initializer_list<const mx::array*> inputs, mx::array& gx,
+                     std::initializer_list<mx::array*> column_sums) {
+  std::optional<mx::array> tmp;
+  if (plan.scratch_bytes > 0) {
+    // fp32 scratch (the column partials, row statistics)
+    tmp = temporary({static_cast<int>((plan.scratch_bytes + 3) / 4)}, mx::float32, s, enc);
+    rmsnorm::bind_scratch(a, plan, ptr(*tmp));
+  }
+  // MLX orders graph nodes by the arrays declared before each one, and a
+  // node that reads an array waits for the last node that declared it as an
+  // output. The inputs are declared once, before the chain's first node:
+  // declared again, their bytes would count again toward the size at which
+  // MLX commits its graph (1000 MB on Hopper; a 32768 x 4096 bf16 backward
+  // then ended a graph at every call, 0.95x the built-in, instead of every
+  // other one). The nodes of the chain follow each other through the
+  // scratch and the column sums; gx is declared up to the node that writes
+  // it, so what reads gx need not wait for the column sums that finish gw.
+  for (std::size_t i = 0; i < plan.calls.size(); ++i) {
+    if (i == 0)
+      for (const mx::array* in : inputs)
+        if (in) enc.set_input_array(*in);
+    if (tmp) {
+      enc.set_input_array(*tmp);
+      enc.set_output_array(*tmp);
+    }
+    if (i <= static_cast<std::size_t>(plan.gx_call)) enc.set_output_array(gx);
+    for (mx::array* out : column_sums)
+      if (out) enc.set_output_array(*out);
+    record(enc, plan.calls[i], a);
+  }
+}
+
 }  // namespace gpu
 
 using namespace gpu;
@@ -143,36 +177,7 @@ void RMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
 
   auto plan = rmsnorm::plan_backward(
       a, static_cast<rmsnorm::Algorithm>(static_cast<int>(algorithm_)));
-  std::optional<mx::array> tmp;
-  if (plan.scratch_bytes > 0) {
-    // fp32 scratch (the gw partials, row statistics)
-    tmp = temporary({static_cast<int>((plan.scratch_bytes + 3) / 4)}, mx::float32,
-                    stream(), enc);
-    rmsnorm::bind_scratch(a, plan, ptr(*tmp));
-  }
-  // MLX orders graph nodes by the arrays declared before each one, and a
-  // node that reads an array waits for the last node that declared it as an
-  // output. x, w and g are declared once, before the chain's first node:
-  // declared again, their bytes would count again toward the size at which
-  // MLX commits its graph (1000 MB on Hopper; a 32768 x 4096 bf16 backward
-  // then ended a graph at every call, 0.95x the built-in, instead of every
-  // other one). The nodes of the chain follow each other through the
-  // scratch and gw; gx is declared up to the node that writes it, so what
-  // reads gx need not wait for the column sums that finish gw.
-  for (std::size_t i = 0; i < plan.calls.size(); ++i) {
-    if (i == 0) {
-      enc.set_input_array(x);
-      if (w) enc.set_input_array(*w);
-      enc.set_input_array(g);
-    }
-    if (tmp) {
-      enc.set_input_array(*tmp);
-      enc.set_output_array(*tmp);
-    }
-    if (i <= static_cast<std::size_t>(plan.gx_call)) enc.set_output_array(gx);
-    if (gw) enc.set_output_array(*gw);
-    record(enc, plan.calls[i], a);
-  }
+  record_backward(enc, stream(), plan, a, {&x, w, &g}, gx, {gw});
 }
 
 // Fused residual add: one kernel reads x and residual, writes h and y.
@@ -219,7 +224,7 @@ void AddRMSNorm::eval_gpu(const std::vector<mx::array>& inputs,
 
 // Its backward: the RMSNorm backward chain of h with g_h streamed beside g_y
 // and added into gx (the persistent walk, or the split plan), then gw's
-// column sum. The chain's node order follows RMSNormVJP::eval_gpu's.
+// column sum.
 void AddRMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
                              std::vector<mx::array>& outputs) {
   auto& enc = mx::cu::get_command_encoder(stream());
@@ -250,27 +255,7 @@ void AddRMSNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
   a.g_dtype = kernel_dtype(g.dtype());
 
   auto plan = rmsnorm::plan_backward(a, rmsnorm::Algorithm::Auto);
-  std::optional<mx::array> tmp;
-  if (plan.scratch_bytes > 0) {
-    tmp = temporary({static_cast<int>((plan.scratch_bytes + 3) / 4)}, mx::float32,
-                    stream(), enc);
-    rmsnorm::bind_scratch(a, plan, ptr(*tmp));
-  }
-  for (std::size_t i = 0; i < plan.calls.size(); ++i) {
-    if (i == 0) {
-      enc.set_input_array(h);
-      if (w) enc.set_input_array(*w);
-      enc.set_input_array(g);
-      enc.set_input_array(gh);
-    }
-    if (tmp) {
-      enc.set_input_array(*tmp);
-      enc.set_output_array(*tmp);
-    }
-    if (i <= static_cast<std::size_t>(plan.gx_call)) enc.set_output_array(gx);
-    if (gw) enc.set_output_array(*gw);
-    record(enc, plan.calls[i], a);
-  }
+  record_backward(enc, stream(), plan, a, {&h, w, &g, &gh}, gx, {gw});
 }
 
 }  // namespace mlx_rmsnorm

@@ -44,6 +44,15 @@ void record(mx::cu::CommandEncoder& enc, const rmsnorm::KernelCall& c, Args args
                          dim3(), c.smem, args);
 }
 
+// Records a backward plan (RMSNorm, the fused add, LayerNorm): the fp32
+// scratch its plan asks for (a temporary bound into `a`), then its kernels in
+// order. `inputs` are what the chain reads (nulls skipped), `gx` the row
+// gradient, `column_sums` gw / gb where wanted (nulls skipped).
+void record_backward(mx::cu::CommandEncoder& enc, const mx::Stream& s,
+                     const rmsnorm::Plan& plan, rmsnorm::BwdArgs& a,
+                     std::initializer_list<const mx::array*> inputs, mx::array& gx,
+                     std::initializer_list<mx::array*> column_sums);
+
 // Our kernels run through our own copy of the CUDA runtime, whose current
 // device is separate from MLX's: point it at the stream's device.
 void use_device(const mx::Stream& s);

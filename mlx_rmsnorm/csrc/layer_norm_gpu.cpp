@@ -78,30 +78,7 @@ void LayerNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
   a.g_dtype = kernel_dtype(g.dtype());
 
   auto plan = rmsnorm::plan_layer_backward(a);
-  std::optional<mx::array> tmp;
-  if (plan.scratch_bytes > 0) {
-    tmp = temporary({static_cast<int>((plan.scratch_bytes + 3) / 4)}, mx::float32,
-                    stream(), enc);
-    rmsnorm::bind_scratch(a, plan, ptr(*tmp));
-  }
-  // Declared as in RMSNormVJP::eval_gpu (eval_gpu.cpp says why): inputs once
-  // before the first node, gx up to the node that writes it, the scratch and
-  // gw/gb on every node of the chain.
-  for (std::size_t i = 0; i < plan.calls.size(); ++i) {
-    if (i == 0) {
-      enc.set_input_array(x);
-      if (w) enc.set_input_array(*w);
-      enc.set_input_array(g);
-    }
-    if (tmp) {
-      enc.set_input_array(*tmp);
-      enc.set_output_array(*tmp);
-    }
-    if (i <= static_cast<std::size_t>(plan.gx_call)) enc.set_output_array(gx);
-    if (gw) enc.set_output_array(*gw);
-    if (gb) enc.set_output_array(*gb);
-    record(enc, plan.calls[i], a);
-  }
+  record_backward(enc, stream(), plan, a, {&x, w, &g}, gx, {gw, gb});
 }
 
 }  // namespace mlx_rmsnorm
