@@ -61,6 +61,23 @@ def _parse(argv: list[str]) -> tuple[bool, str, str, list[str]]:
     raise SystemExit(2)
 
 
+def _check_target(kind: str, target: str) -> None:
+    """One line, not runpy's traceback, for a script or module that is not there."""
+    if kind == "script":
+        found = os.path.isfile(target)
+    else:
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(target) is not None
+        except (ImportError, ValueError):  # a parent package that is missing, or a bad name
+            found = False
+    if not found:
+        what = "script" if kind == "script" else "module"
+        print(f"python -m mlx_rmsnorm: no {what} named {target!r}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     report, kind, target, args = _parse(sys.argv[1:] if argv is None else argv)
     import mlx_rmsnorm
@@ -69,6 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     mlx_rmsnorm.patch(fuse=_fuse)
     if report:
         _autopatch.install_report()
+    _check_target(kind, target)
     sys.argv = [target, *args]  # (run_module puts the module's file in argv[0])
     if kind == "module":
         runpy.run_module(target, run_name="__main__", alter_sys=True)

@@ -6,6 +6,9 @@ MLX_RMSNORM_PATCH=1   ``patch()`` at ``import mlx_rmsnorm`` (``=fuse``:
                       installs a .pth file that imports it at interpreter
                       start when the variable is set, so any program in the
                       environment (``mlx_lm.lora``, a script) runs patched.
+MLX_RMSNORM_ROUTE_CPU=1  ``route_cpu(True)``: under ``patch()``, calls on a
+                      CPU stream run the plugin's CPU path too (by default
+                      they run MLX's own op there).
 MLX_RMSNORM_REPORT=1  at exit, print to stderr how many RMSNorm and LayerNorm
                       primitives (ours and the built-in's) the gradient graphs
                       held. The .pth imports the package for this variable
@@ -105,10 +108,43 @@ def install_report() -> None:
     atexit.register(lambda: print(summary(), file=sys.stderr, flush=True))
 
 
+# MLX_RMSNORM_PATCH's values: what patch() gets for each ("" and "0": off).
+_PATCH_VALUES = {"1": False, "fuse": True}
+
+
+def _bad_variable(message: str) -> None:
+    """A wrong value is an error, never a silent default. From the .pth, at
+    interpreter start, an exception would be printed and the program run
+    unpatched: there the process stops with the one line instead."""
+    in_site = any(
+        f.f_code.co_name == "addpackage" and f.f_code.co_filename.endswith("site.py")
+        for f in _frames()
+    )
+    if in_site:
+        print(message, file=sys.stderr)
+        raise SystemExit(2)
+    raise ValueError(message)
+
+
+def _frames():
+    f = sys._getframe()
+    while f is not None:
+        yield f
+        f = f.f_back
+
+
 def from_environment() -> None:
     import mlx_rmsnorm
 
-    if _enabled("MLX_RMSNORM_PATCH"):
-        mlx_rmsnorm.patch(fuse=os.environ["MLX_RMSNORM_PATCH"].strip().lower() == "fuse")
+    value = os.environ.get("MLX_RMSNORM_PATCH", "").strip()
+    if value not in ("", "0"):
+        if value.lower() not in _PATCH_VALUES:
+            _bad_variable(
+                f"mlx_rmsnorm: MLX_RMSNORM_PATCH={value!r} is not one of 1 (patch()), "
+                "fuse (patch(fuse=True)) or 0 (off); set one of them or unset the variable."
+            )
+        mlx_rmsnorm.patch(fuse=_PATCH_VALUES[value.lower()])
+    if _enabled("MLX_RMSNORM_ROUTE_CPU"):
+        mlx_rmsnorm.route_cpu(True)
     if _enabled("MLX_RMSNORM_REPORT"):
         install_report()

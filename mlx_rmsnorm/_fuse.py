@@ -1,43 +1,50 @@
 """``patch(fuse=True)``: mlx-lm decoder blocks rewritten so that the residual
-add that feeds a norm runs as :func:`mlx_rmsnorm.add_rms_norm`, and Gemma's
-norms scale by ``1 + w`` formed in fp32 (``offset=1.0``) instead of a
-``1.0 + self.weight`` rounded to the weight's dtype.
+add that feeds a norm inside the block runs as :func:`mlx_rmsnorm.add_rms_norm`,
+and Gemma's norms scale by ``1 + w`` formed in fp32 (``offset=1.0``) instead
+of a ``1.0 + self.weight`` rounded to the weight's dtype.
 
-Liger-style: one small entry per architecture saying which class attribute
-to swap for what; ``remove()`` puts every original back. Only methods are
-swapped, never parameters: models, checkpoints and ``model.parameters()``
-are the same. A block whose norm is not the class the entry expects (a user
-replaced it) runs its original code.
+The rule: a rewrite computes what the code it replaces computes (to
+rounding), by construction, or it runs that code.
 
-What is fused, per block (the pre-norm pattern of llama.py, qwen3.py, ...)::
+* **Inside one block, nothing between calls.** A block's ``__call__`` is
+  ``r = attn(input_layernorm(x)); h = x + r; r = mlp(post_attention_layernorm(h));
+  return h + r`` (llama.py, qwen3.py, ...). The rewrite runs
+  ``y, h = add_rms_norm(x, r, post_attention_layernorm.weight)`` in place of
+  the add and the norm, inside that one call: no state outlives the call,
+  so code between two blocks (an in-place ``h += v``, a hook that reads or
+  replaces ``h``) sees and changes exactly what it does unfused. The add
+  that feeds the *next* block's input norm is left to the model's loop.
+* **Only mlx-lm's own code.** At ``apply()`` each entry's class attribute
+  must be mlx-lm's own function (not a wrapper installed before us: it is
+  respected, and that class runs unfused) whose source is the one the entry
+  was written for (a fingerprint of its text: an mlx-lm that changed the
+  block runs its own block, with one warning naming the class). At each
+  call, the block must be exactly the entry's class and its norm exactly
+  the norm class the entry knows, with that class's own ``__call__`` (a
+  subclass, or a replaced ``__call__``, runs the original block).
+* **Wrappers installed after us are kept.** mlx-lm's ``grad_checkpoint``
+  (and any hook) replaces ``cls.__call__`` with a wrapper of what it found,
+  i.e. of the rewrite: checkpointing goes on working around the fused block.
+  ``remove()`` puts the original back only where the class still holds our
+  function; where something wrapped it, the rewrite stays in the chain but
+  inert (it calls the original), so the wrapper survives and the values
+  are the original's.
+* **Where the built-in runs, the original runs.** On a CPU stream ``patch()``
+  leaves MLX's own norm in place (see ``_patching``); the blocks do the same.
 
-    r = attn(input_layernorm(x)); h = x + r; r = mlp(post_attention_layernorm(h))
-
-becomes ``y, h = add_rms_norm(x, r, post_attention_layernorm.weight, eps)``
-and ``r = mlp(y)``. Gemma 2/3 add a norm of r first
-(``h = x + post_attention_layernorm(r)``, then ``pre_feedforward_layernorm(h)``):
-the add and the second norm fuse the same way.
-
-The block's other add, ``out = h + r``, feeds the *next* block's input norm,
-across the model's layer loop, which these entries leave alone. A rewritten
-block still returns ``out = h + r`` (an array, as before: the loop, caches,
-pipeline sends and the final norm see what they always saw) and remembers,
-in a per-thread slot, the (out, h, r) it made it from. When the next
-rewritten block is called with that very array (identity), it computes its
-input norm as ``y, out = add_rms_norm(h, r, input_layernorm.weight)`` and
-carries that h on: the same values (``h + r`` rounded once, either way), and
-the unfused ``h + r`` is left with no consumer, so MLX's lazy graph never runs
-it. Anything else that reads ``out`` (a model that keeps it, the last
-block's output going into the final norm) still gets it computed. The slot
-holds ``out`` weakly: once nothing else holds it (the model has returned), h
-and r are let go too.
+Every decision is counted (:func:`counts`): blocks that ran fused, and
+blocks that ran the original and why; ``MLX_RMSNORM_REPORT`` prints them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import inspect
+import textwrap
 import threading
-import weakref
+import warnings
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -47,8 +54,38 @@ import mlx.nn as nn
 from . import _ext
 
 _lock = threading.RLock()
-# (module, class, attribute) -> the original attribute, while swapped.
-_originals: dict[tuple[str, str, str], Any] = {}
+_counts: Counter = Counter()
+
+
+def counts() -> Counter:
+    """Blocks run since the last :func:`reset_counts`: ``"fused"``, and
+    ``"fallback:<reason>"`` for each block that ran its original code."""
+    return Counter(_counts)
+
+
+def reset_counts() -> None:
+    _counts.clear()
+
+
+def fingerprint(fn: Callable) -> Optional[str]:
+    """A short hash of a function's source text (None when it has none)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return None
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+# The source of the pre-norm block's __call__ in mlx-lm 0.32.x (llama, qwen2,
+# qwen3, qwen3_moe and gemma share its text), of Gemma 2's and Gemma 3's
+# blocks, and of Gemma's RMSNorm.__call__ (gemma, gemma2, gemma3_text).
+PRE_NORM_BLOCK = frozenset({"61ea9549fdd943d9"})
+GEMMA2_BLOCK = frozenset({"2a2e6cf84e96bc63"})
+GEMMA3_BLOCK = frozenset({"164ea44802f70ec9"})
+CLIP_RESIDUAL = frozenset({"3a9a76082c6addf7"})  # gemma3_text.clip_residual, which its block calls
+GEMMA_NORM = frozenset({"38727c90a27781ac"})
+# MLX's nn.RMSNorm.__call__, which the pre-norm entries fuse.
+NN_RMS_NORM = frozenset({"458fba10719b034e"})
 
 
 @dataclass(frozen=True)
@@ -56,135 +93,147 @@ class Swap:
     module: str  # mlx_lm.models.<file>
     cls: str  # class in that module
     attr: str  # method replaced
-    make: Callable[[Any, Any], Callable]  # (module object, original) -> replacement
+    make: Callable[[Any, Callable, "_Installed"], Callable]  # (module, original, state) -> replacement
+    sources: frozenset  # fingerprints of the originals this replacement was written for
+    helpers: tuple = ()  # (name, fingerprints) of module functions the original calls
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.module, self.cls, self.attr)
 
 
-def _is_rms_norm(norm: Any) -> bool:
-    return isinstance(norm, nn.RMSNorm)
+class _Installed:
+    """A replacement put on a class: the original it replaced, and whether it
+    is active (an inert one, left under a wrapper by remove(), calls the
+    original)."""
+
+    def __init__(self, original: Callable) -> None:
+        self.original = original
+        self.replacement: Optional[Callable] = None
+        self.active = True
 
 
-_slot = threading.local()  # .holder: [pending] of this thread, see _defer
+_installed: dict[tuple[str, str, str], _Installed] = {}
+_skipped: dict[tuple[str, str, str], str] = {}  # entries not installed, and why
+_nn_rms_norm_call: Optional[Callable] = None  # nn.RMSNorm.__call__, checked at apply()
+_cpu_plugin = False  # route_cpu(True): CPU streams run the plugin (tests); see _patching
 
 
-def _holder() -> list:
-    holder = getattr(_slot, "holder", None)
-    if holder is None:
-        holder = _slot.holder = [None]
-    return holder
+def _builtin_stream() -> bool:
+    """Whether patch() leaves MLX's own norm on the default stream (CPU)."""
+    return not _cpu_plugin and mx.default_device() == mx.cpu
 
 
-def _defer(out: mx.array, h: mx.array, r: mx.array) -> mx.array:
-    """Returns `out` (= h + r), remembering how it was made: (a weak
-    reference to out, h, r). When out itself is gone (the model returned, or
-    nothing took it), h and r are let go with it."""
-    holder = _holder()
-
-    def forget(ref, holder=holder):
-        if holder[0] is not None and holder[0][0] is ref:
-            holder[0] = None
-
-    holder[0] = (weakref.ref(out, forget), h, r)
-    return out
-
-
-def _input_norm(norm: Any, x: mx.array, fusable: bool, offset: float) -> tuple:
-    """(input_layernorm(x), the residual to carry on): fused with the previous
-    block's h + r when x is that block's output."""
-    holder = _holder()
-    pending, holder[0] = holder[0], None
-    if fusable and pending is not None and pending[0]() is x:
-        y, x = _ext.add_rms_norm(pending[1], pending[2], norm.weight, norm.eps, offset=offset)
-        return y, x
-    return norm(x), x
+def _why_not(block: Any, block_cls: type, norm: Any, norm_cls: type, norm_call: Callable) -> Optional[str]:
+    """Why this call cannot run fused (None: it can)."""
+    if type(block) is not block_cls:
+        return "block subclass"
+    if type(norm) is not norm_cls:
+        return "norm class"
+    if norm_cls.__dict__.get("__call__") is not norm_call:
+        return "norm __call__ replaced"
+    if _builtin_stream():
+        return "cpu stream (built-in)"
+    return None
 
 
-def _drop_pending() -> None:
-    _holder()[0] = None
-
-
-def _pending() -> Optional[tuple]:
-    """This thread's remembered (out ref, h, r), or None (for tests)."""
-    return _holder()[0]
+def _fallback(why: str) -> None:
+    _counts["fallback:" + why] += 1
 
 
 # --- replacements ---------------------------------------------------------------
 
 
-def _pre_norm_block(mod: Any, original: Callable) -> Callable:
+def _pre_norm_block(mod: Any, original: Callable, state: _Installed, cls: type) -> Callable:
     """llama / mistral / qwen2 / qwen3 / qwen3_moe: ``h = x + r`` then
-    ``post_attention_layernorm(h)``."""
+    ``post_attention_layernorm(h)``, an ``nn.RMSNorm``."""
 
     def __call__(self, x, mask=None, cache=None):
-        norm = self.post_attention_layernorm
-        if not _is_rms_norm(norm):
-            _drop_pending()
+        if not state.active:
             return original(self, x, mask, cache)
-        y, x = _input_norm(self.input_layernorm, x, _is_rms_norm(self.input_layernorm), 0.0)
-        r = self.self_attn(y, mask, cache)
+        norm = self.post_attention_layernorm
+        why = _why_not(self, cls, norm, nn.RMSNorm, _nn_rms_norm_call)
+        if why is not None:
+            _fallback(why)
+            return original(self, x, mask, cache)
+        _counts["fused"] += 1
+        r = self.self_attn(self.input_layernorm(x), mask, cache)
         y, h = _ext.add_rms_norm(x, r, norm.weight, norm.eps)
-        r = self.mlp(y)
-        return _defer(h + r, h, r)
+        return h + self.mlp(y)
 
     return __call__
 
 
-def _gemma_norm(mod: Any, original: Callable) -> Callable:
+def _gemma_norm(mod: Any, original: Callable, state: _Installed, cls: type) -> Callable:
     """Gemma's RMSNorm: ``rms_norm(x, 1.0 + weight)`` with the 1 added in fp32."""
 
     def __call__(self, x):
+        if not state.active or type(self) is not cls or _builtin_stream():
+            return original(self, x)
         return _ext.rms_norm(x, self.weight, self.eps, offset=1.0)
 
     return __call__
 
 
-def _gemma_block(mod: Any, original: Callable) -> Callable:
+def _gemma_block(mod: Any, original: Callable, state: _Installed, cls: type) -> Callable:
     """gemma (v1): llama's block with Gemma norms (offset 1)."""
 
     def __call__(self, x, mask=None, cache=None):
-        norm = self.post_attention_layernorm
-        if type(norm) is not mod.RMSNorm:
-            _drop_pending()
+        if not state.active:
             return original(self, x, mask, cache)
-        inorm = self.input_layernorm
-        y, x = _input_norm(inorm, x, type(inorm) is mod.RMSNorm, 1.0)
-        r = self.self_attn(y, mask, cache)
+        norm = self.post_attention_layernorm
+        why = _why_not(self, cls, norm, mod.RMSNorm, _norm_call(mod))
+        if why is not None:
+            _fallback(why)
+            return original(self, x, mask, cache)
+        _counts["fused"] += 1
+        r = self.self_attn(self.input_layernorm(x), mask, cache)
         y, h = _ext.add_rms_norm(x, r, norm.weight, norm.eps, offset=1.0)
-        r = self.mlp(y)
-        return _defer(h + r, h, r)
+        return h + self.mlp(y)
 
     return __call__
 
 
-def _gemma2_block(mod: Any, original: Callable) -> Callable:
+def _gemma2_block(mod: Any, original: Callable, state: _Installed, cls: type) -> Callable:
     """gemma2 / gemma3_text: ``h = x + post_attention_layernorm(r)`` then
     ``pre_feedforward_layernorm(h)``. gemma3_text clips the residual sum in
-    float16 (clip_residual): float16 activations keep the original block."""
+    float16 (clip_residual): float16 activations run the original block."""
 
     def __call__(self, x, mask=None, cache=None):
-        norm = self.pre_feedforward_layernorm
-        if type(norm) is not mod.RMSNorm or x.dtype == mx.float16:
-            _drop_pending()
+        if not state.active:
             return original(self, x, mask, cache)
-        inorm = self.input_layernorm
-        y, x = _input_norm(inorm, x, type(inorm) is mod.RMSNorm, 1.0)
-        r = self.self_attn(y, mask, cache)
-        y, h = _ext.add_rms_norm(
-            x, self.post_attention_layernorm(r), norm.weight, norm.eps, offset=1.0
-        )
-        post = self.post_feedforward_layernorm(self.mlp(y))
-        return _defer(h + post, h, post)  # (clip_residual is this add outside float16)
+        norm = self.pre_feedforward_layernorm
+        why = _why_not(self, cls, norm, mod.RMSNorm, _norm_call(mod))
+        if why is None and x.dtype == mx.float16:
+            why = "float16 (clip_residual)"
+        if why is not None:
+            _fallback(why)
+            return original(self, x, mask, cache)
+        _counts["fused"] += 1
+        r = self.self_attn(self.input_layernorm(x), mask, cache)
+        y, h = _ext.add_rms_norm(x, self.post_attention_layernorm(r), norm.weight, norm.eps, offset=1.0)
+        # (gemma3_text's clip_residual is this add outside float16)
+        return h + self.post_feedforward_layernorm(self.mlp(y))
 
     return __call__
+
+
+def _norm_call(mod: Any) -> Optional[Callable]:
+    """The ``RMSNorm.__call__`` a Gemma module must hold for its blocks to
+    fuse: our replacement. Where it was not installed (a wrapper was found
+    there), None: the blocks run their original code."""
+    rec = _installed.get((mod.__name__, "RMSNorm", "__call__"))
+    return rec.replacement if rec is not None else None
 
 
 def _pre_norm(module: str, cls: str = "TransformerBlock") -> list[Swap]:
-    return [Swap(f"mlx_lm.models.{module}", cls, "__call__", _pre_norm_block)]
+    return [Swap(f"mlx_lm.models.{module}", cls, "__call__", _pre_norm_block, PRE_NORM_BLOCK)]
 
 
-def _gemma(module: str, block: Callable) -> list[Swap]:
+def _gemma(module: str, block: Callable, sources: frozenset, helpers: tuple = ()) -> list[Swap]:
     return [
-        Swap(f"mlx_lm.models.{module}", "RMSNorm", "__call__", _gemma_norm),
-        Swap(f"mlx_lm.models.{module}", "TransformerBlock", "__call__", block),
+        Swap(f"mlx_lm.models.{module}", "RMSNorm", "__call__", _gemma_norm, GEMMA_NORM),
+        Swap(f"mlx_lm.models.{module}", "TransformerBlock", "__call__", block, sources, helpers),
     ]
 
 
@@ -196,9 +245,9 @@ ARCHITECTURES: dict[str, list[Swap]] = {
     "qwen2": _pre_norm("qwen2"),
     "qwen3": _pre_norm("qwen3"),
     "qwen3_moe": _pre_norm("qwen3_moe", "Qwen3MoeDecoderLayer"),
-    "gemma": _gemma("gemma", _gemma_block),
-    "gemma2": _gemma("gemma2", _gemma2_block),
-    "gemma3_text": _gemma("gemma3_text", _gemma2_block),
+    "gemma": _gemma("gemma", _gemma_block, PRE_NORM_BLOCK),
+    "gemma2": _gemma("gemma2", _gemma2_block, GEMMA2_BLOCK),
+    "gemma3_text": _gemma("gemma3_text", _gemma2_block, GEMMA3_BLOCK, (("clip_residual", CLIP_RESIDUAL),)),
 }
 
 
@@ -215,37 +264,85 @@ def _import(name: str) -> Optional[Any]:
 
 
 def is_fused() -> bool:
-    """Whether the mlx-lm blocks are currently rewritten."""
-    return bool(_originals)
+    """Whether any mlx-lm class currently runs a rewrite."""
+    return any(rec.active for rec in _installed.values())
+
+
+def skipped() -> dict[tuple[str, str, str], str]:
+    """Entries that ``apply()`` left alone, and why."""
+    return dict(_skipped)
+
+
+def _own_code(fn: Any, module: str, qualname: str, sources: frozenset) -> Optional[str]:
+    """Why ``fn`` is not the library's own function the entry was written
+    for (None: it is)."""
+    if getattr(fn, "__module__", None) != module or getattr(fn, "__qualname__", None) != qualname:
+        return "wrapped before patch()"
+    if fingerprint(fn) not in sources:
+        return "changed block (another mlx-lm version)"
+    return None
+
+
+def _warn(what: str, why: str) -> None:
+    warnings.warn(
+        f"mlx_rmsnorm: patch(fuse=True) leaves {what} as it is ({why}); it runs its own code, "
+        "unfused (the rest of the plugin is on).",
+        RuntimeWarning,
+        stacklevel=6,  # the caller of patch() / patched()
+    )
 
 
 def apply() -> None:
-    """Swap every entry's methods (idempotent)."""
+    """Install (or reactivate) every entry's replacement (idempotent)."""
+    global _nn_rms_norm_call
     with _lock:
+        if _nn_rms_norm_call is None:
+            call = nn.RMSNorm.__dict__.get("__call__")
+            why = _own_code(call, nn.RMSNorm.__module__, "RMSNorm.__call__", NN_RMS_NORM)
+            if why is not None:
+                _warn("mlx.nn.RMSNorm", why)
+                return
+            _nn_rms_norm_call = call
         for swaps in ARCHITECTURES.values():
             for sw in swaps:
-                key = (sw.module, sw.cls, sw.attr)
-                if key in _originals:
-                    continue  # shared entry (mistral -> llama) or already on
+                if sw.key in _installed:
+                    _installed[sw.key].active = True  # shared entry, or reactivated
+                    continue
+                if sw.key in _skipped:
+                    continue
                 mod = _import(sw.module)
                 cls = getattr(mod, sw.cls, None) if mod is not None else None
                 if cls is None:
                     continue
-                original = cls.__dict__[sw.attr]
-                replacement = sw.make(mod, original)
+                original = cls.__dict__.get(sw.attr)
+                why = _own_code(original, sw.module, f"{sw.cls}.{sw.attr}", sw.sources)
+                for name, sources in sw.helpers:
+                    if why is None and fingerprint(getattr(mod, name, None)) not in sources:
+                        why = f"changed {name} (another mlx-lm version)"
+                if why is not None:
+                    _skipped[sw.key] = why
+                    _warn(f"{sw.module}.{sw.cls}", why)
+                    continue
+                rec = _Installed(original)
+                replacement = sw.make(mod, original, rec, cls)
                 replacement.__wrapped__ = original  # type: ignore[attr-defined]
                 replacement._mlx_rmsnorm_fused = True  # type: ignore[attr-defined]
-                _originals[key] = original
+                rec.replacement = replacement
+                _installed[sw.key] = rec
                 setattr(cls, sw.attr, replacement)
 
 
 def remove() -> None:
-    """Put every original method back (idempotent)."""
-    _drop_pending()
+    """Undo :func:`apply`: the original goes back where the class still holds
+    our replacement; a replacement that something wrapped since stays,
+    inert. Nothing else is touched (idempotent)."""
     with _lock:
-        for (module, cls_name, attr), original in list(_originals.items()):
+        for (module, cls_name, attr), rec in list(_installed.items()):
             mod = _import(module)
             cls = getattr(mod, cls_name, None) if mod is not None else None
-            if cls is not None:
-                setattr(cls, attr, original)
-            del _originals[(module, cls_name, attr)]
+            if cls is not None and cls.__dict__.get(attr) is rec.replacement:
+                setattr(cls, attr, rec.original)
+                del _installed[(module, cls_name, attr)]
+            else:
+                rec.active = False
+        _skipped.clear()  # the next apply() looks again

@@ -23,6 +23,12 @@ Semantics (``mx.fast.rms_norm`` is one attribute for the whole process):
   norm as ``add_rms_norm``, Gemma's ``1 + w`` in fp32); ``unpatch()`` undoes
   both. In ``patched(fuse=True)`` blocks the rewrite follows the same rules as
   the routing: on while any such block is open, then the state from before.
+* On a CPU stream the routed functions run MLX's own ``mx.fast`` op (its
+  composition of plain ops), so a CPU program -- MLX's own tests, a user's
+  test suite written against the built-in -- computes bit for bit what it
+  computes unpatched; the plugin's CPU path stays for explicit calls
+  (``mlx_rmsnorm.rms_norm``, ``RMSNorm``). ``route_cpu(True)`` sends CPU
+  streams through the plugin too (the tests exercise the CPU path so).
 """
 
 from __future__ import annotations
@@ -65,15 +71,42 @@ _open_fuse_blocks = 0  # patched(fuse=True) blocks open now
 _fuse_after_blocks = False  # the block rewrite the last such block restores
 
 
+# What patch() puts on mx.fast: mx.fast's signatures, MLX's own op on a CPU
+# stream (unless route_cpu(True)), ours elsewhere; the choice is made in C++,
+# per call, at no Python cost.
+ROUTED_RMS_NORM = getattr(_ext, "routed_rms_norm", _ext.rms_norm)  # TEMP until csrc lands
+ROUTED_LAYER_NORM = getattr(_ext, "routed_layer_norm", _ext.layer_norm)
+
+
 def _set(on: bool) -> None:
-    mx.fast.rms_norm = _ext.rms_norm if on else BUILTIN
-    mx.fast.layer_norm = _ext.layer_norm if on else BUILTIN_LAYER_NORM
+    mx.fast.rms_norm = ROUTED_RMS_NORM if on else BUILTIN
+    mx.fast.layer_norm = ROUTED_LAYER_NORM if on else BUILTIN_LAYER_NORM
 
 
 def is_patched() -> bool:
     """Whether ``mx.fast.rms_norm`` and ``mx.fast.layer_norm`` currently run
     the plugin."""
-    return mx.fast.rms_norm is _ext.rms_norm and mx.fast.layer_norm is _ext.layer_norm
+    return mx.fast.rms_norm is ROUTED_RMS_NORM and mx.fast.layer_norm is ROUTED_LAYER_NORM
+
+
+def route_cpu(on: bool) -> bool:
+    """Whether calls on a CPU stream run the plugin under ``patch()`` (and
+    the fused blocks fuse there); returns the previous setting. Off by
+    default: there ``patch()`` keeps MLX's own op."""
+    _check_bool("route_cpu", "on", on)
+    with _lock:
+        was = _fuse._cpu_plugin
+        if hasattr(_ext, "_set_route_cpu"):  # TEMP until csrc lands
+            _ext._set_route_cpu(on)
+        _fuse._cpu_plugin = on
+        return was
+
+
+def _check_bool(fn: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(
+            f"mlx_rmsnorm.{fn}: {name} must be True or False, got {value!r} ({type(value).__name__})"
+        )
 
 
 def _set_fuse(on: bool) -> None:
@@ -107,6 +140,7 @@ def patch(fuse: bool = False) -> None:
     form ``1 + w`` in fp32. ``patch()`` without it leaves an earlier
     rewrite on. Process-wide and idempotent; undone by :func:`unpatch`.
     """
+    _check_bool("patch", "fuse", fuse)
     _switch(True, fuse)
 
 
@@ -127,6 +161,7 @@ def patched(fuse: bool = False) -> Iterator[None]:
     rewrite); on leaving the last open block, the state found before the first
     (see the module's docstring for threads)."""
     global _open_blocks, _state_after_blocks, _open_fuse_blocks, _fuse_after_blocks
+    _check_bool("patched", "fuse", fuse)
     with _lock:
         if _open_blocks == 0:
             _state_after_blocks = is_patched()

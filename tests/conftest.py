@@ -7,7 +7,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-import mlx_rmsnorm
+# Under patch(), CPU streams run MLX's own op by default (a CPU program
+# computes what it computes unpatched); the suite runs the plugin there too,
+# so that CI exercises the plugin's CPU path and the fused blocks. Set before
+# the import (subprocesses inherit it); tests of the default unset it.
+os.environ.setdefault("MLX_RMSNORM_ROUTE_CPU", "1")
+
+import mlx_rmsnorm  # noqa: E402
 
 GPU_AVAILABLE = mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels
 

@@ -20,51 +20,7 @@ from mlx_rmsnorm import _fuse
 from mlx_rmsnorm._autopatch import primitive_counts
 
 pytest.importorskip("mlx_lm.models")
-from mlx_lm.models import gemma, gemma2, gemma3_text, llama, qwen3, qwen3_moe  # noqa: E402
-
-VOCAB = 97
-COMMON = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
-              num_key_value_heads=2, vocab_size=VOCAB)
-CONFIGS = {
-    "llama": (llama, dict(COMMON, model_type="llama", rms_norm_eps=1e-5)),
-    "qwen3": (qwen3, dict(COMMON, model_type="qwen3", rms_norm_eps=1e-6, max_position_embeddings=128,
-                          head_dim=16, tie_word_embeddings=True, rope_theta=10000.0)),
-    "qwen3_moe": (qwen3_moe, dict(COMMON, model_type="qwen3_moe", rms_norm_eps=1e-6, head_dim=16,
-                                  max_position_embeddings=128, tie_word_embeddings=False,
-                                  rope_theta=10000.0, num_experts=4, num_experts_per_tok=2,
-                                  decoder_sparse_step=1, mlp_only_layers=[],
-                                  moe_intermediate_size=32, norm_topk_prob=True)),
-    "gemma": (gemma, dict(COMMON, model_type="gemma", rms_norm_eps=1e-6, head_dim=16)),
-    "gemma2": (gemma2, dict(COMMON, model_type="gemma2", rms_norm_eps=1e-6, head_dim=16)),
-    "gemma3_text": (gemma3_text, dict(COMMON, model_type="gemma3_text", rms_norm_eps=1e-6,
-                                      head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
-                                      sliding_window_pattern=2)),
-}
-
-
-def make(name, dtype=mx.float32):
-    module, config = CONFIGS[name]
-    mx.random.seed(0)
-    model = module.Model(module.ModelArgs(**config))
-    # Random norm weights (Gemma-style small offsets for Gemma): a norm
-    # initialised to ones would hide a wrong scale.
-    params = dict(tree_flatten(model.parameters()))
-    key = mx.random.key(5)
-    for i, (k, v) in enumerate(sorted(params.items())):
-        if "norm" in k:
-            params[k] = 0.1 * mx.random.normal(v.shape, key=mx.random.split(key, 200)[i]) + (
-                0.0 if name.startswith("gemma") else 1.0)
-    model.load_weights(list(params.items()))
-    if dtype != mx.float32:
-        model.set_dtype(dtype)
-    mx.eval(model.parameters())
-    return model
-
-
-def tokens():
-    t = mx.random.randint(0, VOCAB, (3, 17), key=mx.random.key(1))
-    return t[:, :-1], t[:, 1:]
-
+from tiny_models import CONFIGS, VOCAB, make, tokens  # noqa: E402
 
 def train(name, steps=4):
     model = make(name)
@@ -105,10 +61,10 @@ def test_same_logits_and_graph_holds_the_fused_primitive(name):
     mx.eval(want)
     mlx_rmsnorm.patch(fuse=True)
     got = model(x)
-    # every add that feeds a norm: two a block, but the last block's output
-    # (it feeds the model's final norm, outside the blocks)
+    # the add that feeds a norm inside each block (the add that feeds the next
+    # block's input norm belongs to the model's loop, which is left alone)
     layers = CONFIGS[name][1]["num_hidden_layers"]
-    assert primitive_counts(got)["AddRMSNormPlugin"] == 2 * layers - 1
+    assert primitive_counts(got)["AddRMSNormPlugin"] == layers
     mlx_rmsnorm.unpatch()
     again = model(x)
     assert "AddRMSNormPlugin" not in graph_text(again)
@@ -143,7 +99,7 @@ def test_bfloat16_model_logits_within_rounding():
 
 
 def test_unpatch_restores_every_class():
-    swapped = [(sw.module, sw.cls, sw.attr) for sws in _fuse.ARCHITECTURES.values() for sw in sws]
+    swapped = {sw.key for sws in _fuse.ARCHITECTURES.values() for sw in sws}
     import importlib
 
     before = {k: importlib.import_module(k[0]).__dict__[k[1]].__dict__[k[2]] for k in swapped}
@@ -239,28 +195,6 @@ def test_decode_with_kv_cache_matches(name):
     assert float(mx.abs(got - want).max()) <= 2e-5 * float(mx.abs(want).max())
 
 
-def test_block_output_read_elsewhere_still_correct():
-    # a caller that keeps each block's output (as a model that taps hidden
-    # states would): the deferred add then runs, values unchanged
-    model = make("llama")
-    x, _ = tokens()
-    h = model.model.embed_tokens(x)
-    mask = "causal"
-
-    def run():
-        outs, a = [], h
-        for layer in model.model.layers:
-            a = layer(a, mask)
-            outs.append(a)
-        return outs
-
-    want = run()
-    with mlx_rmsnorm.patched(fuse=True):
-        got = run()
-    for a, b in zip(got, want):
-        assert float(mx.abs(a - b).max()) <= 2e-5 * float(mx.abs(b).max())
-
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -277,7 +211,7 @@ def test_train_step_has_the_fuse_contender(tmp_path):
     assert set(decode["ms_per_token"]) == {"mx.fast", "mlx_rmsnorm", "fuse"}
     assert len(train["round_ms"]["fuse"]) == 2 and len(train["fuse_vs_plugin"]) == 2
     fwd, bwd = train["plugin_nodes"]["fuse"]
-    assert fwd >= 9 and bwd >= 9  # every norm, 3 of them fused (2 layers)
+    assert fwd >= 9 and bwd >= 9  # every norm, 2 of them fused (one a layer, 2 layers)
 
 
 def test_bench_fused_quick(tmp_path):
@@ -291,13 +225,3 @@ def test_bench_fused_quick(tmp_path):
     assert {(r["direction"], r["impl"]) for r in rows} == {
         (d, i) for d in ("fwd", "bwd") for i in bench.FUSED_IMPLS}
     assert all(float(r["us"]) > 0 and float(r["ceiling_us"]) > 0 for r in rows)
-
-
-def test_the_slot_lets_go_when_the_forward_is_done():
-    model = make("llama")
-    x, _ = tokens()
-    with mlx_rmsnorm.patched(fuse=True):
-        out = model(x)
-        # the last block's (out, h, r) went with the model's own reference to out
-        assert _fuse._pending() is None
-        mx.eval(out)

@@ -1,0 +1,369 @@
+"""patch(fuse=True) as adversarial users use it: user code between blocks,
+norm subclasses, class-level wrappers (before and after patching), mlx-lm's
+gradient checkpointing, a changed mlx-lm block, bad switches. Each case
+computes what the built-in computes (to rounding) or fails with a message
+that names the plugin; the report says which blocks ran fused and why the
+others did not."""
+
+import os
+import subprocess
+import sys
+import warnings
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx.utils import tree_flatten
+
+import mlx_rmsnorm
+from mlx_rmsnorm import _fuse
+
+pytest.importorskip("mlx_lm.models")
+from mlx_lm.models import gemma, gemma2, gemma3_text, llama  # noqa: E402
+from mlx_lm.tuner.trainer import grad_checkpoint  # noqa: E402
+from tiny_models import CONFIGS, make, tokens  # noqa: E402
+
+FUSED = ["llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text"]
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    _fuse.reset_counts()
+    yield
+    mlx_rmsnorm.unpatch()
+
+
+def close(a, b, rel=2e-5):
+    scale = float(mx.abs(b).max())
+    return float(mx.abs(a - b).max()) <= rel * scale
+
+
+def steer(model, x, delta=100.0):
+    """A custom layer loop that edits the residual stream in place between
+    blocks (activation steering, interpretability hooks)."""
+    h = model.model.embed_tokens(x)
+    mask = nn.MultiHeadAttention.create_additive_causal_mask(h.shape[1]).astype(h.dtype)
+    for i, layer in enumerate(model.model.layers):
+        h = layer(h, mask)
+        if i == 0:
+            h += delta  # MLX's += keeps the Python object
+    return h
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_in_place_edit_between_blocks_is_kept(name):
+    model = make(name)
+    x, _ = tokens()
+    want = steer(model, x)
+    mx.eval(want)
+    mlx_rmsnorm.patch(fuse=True)
+    got = steer(model, x)
+    assert close(got, want), float(mx.abs(got - want).max())
+    assert _fuse.counts()["fused"] == len(model.model.layers)
+
+
+class ScaledNorm(nn.RMSNorm):
+    def __call__(self, x):
+        return 2 * mx.fast.rms_norm(x, self.weight, self.eps)
+
+
+class ScaledGemmaNorm(gemma.RMSNorm):
+    def __call__(self, x):
+        return 2 * mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)
+
+
+@pytest.mark.parametrize("name", FUSED)
+@pytest.mark.parametrize("which", ["post", "input"])
+def test_norm_subclass_runs_its_own_call(name, which):
+    model = make(name)
+    layer = model.model.layers[0]
+    attr = {"post": "post_attention_layernorm", "input": "input_layernorm"}[which]
+    if which == "post" and name in ("gemma2", "gemma3_text"):
+        attr = "pre_feedforward_layernorm"  # the norm these blocks fuse
+    old = getattr(layer, attr)
+    cls = ScaledGemmaNorm if name.startswith("gemma") else ScaledNorm
+    new = cls(old.weight.shape[0], eps=old.eps)
+    new.weight = old.weight
+    setattr(layer, attr, new)
+    x, _ = tokens()
+    want = model(x)
+    mx.eval(want)
+    with mlx_rmsnorm.patched(fuse=True):
+        got = model(x)
+    assert close(got, want)
+    if which == "post":
+        assert _fuse.counts()["fallback:norm class"] == 1
+
+
+def test_norm_call_replaced_on_the_class_runs_the_original():
+    model = make("llama")
+    x, _ = tokens()
+    original = nn.RMSNorm.__call__
+    nn.RMSNorm.__call__ = lambda self, x: 3 * original(self, x)
+    try:
+        want = model(x)
+        mx.eval(want)
+        with mlx_rmsnorm.patched(fuse=True):
+            got = model(x)
+    finally:
+        nn.RMSNorm.__call__ = original
+    assert close(got, want)
+    assert _fuse.counts()["fused"] == 0
+
+
+def _counting_wrapper(fn, calls):
+    def wrapper(self, *args, **kwargs):
+        calls.append(1)
+        return 1.5 * fn(self, *args, **kwargs)
+
+    return wrapper
+
+
+def test_class_wrapper_installed_before_patch_is_respected():
+    model = make("llama")
+    x, _ = tokens()
+    original = llama.TransformerBlock.__call__
+    calls = []
+    llama.TransformerBlock.__call__ = _counting_wrapper(original, calls)
+    try:
+        want = model(x)
+        mx.eval(want)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mlx_rmsnorm.patch(fuse=True)
+        assert any("mlx_lm.models.llama.TransformerBlock" in str(w.message) for w in caught)
+        assert _fuse.skipped()[("mlx_lm.models.llama", "TransformerBlock", "__call__")].startswith("wrapped")
+        calls.clear()
+        got = model(x)
+        assert len(calls) == 2
+        assert close(got, want)
+        mlx_rmsnorm.unpatch()
+        assert llama.TransformerBlock.__dict__["__call__"] is not original  # still the user's wrapper
+    finally:
+        llama.TransformerBlock.__call__ = original
+
+
+def test_class_wrapper_installed_after_patch_runs_and_survives_unpatch():
+    model = make("llama")
+    x, _ = tokens()
+    want_plain = model(x)
+    mlx_rmsnorm.patch(fuse=True)
+    original = llama.TransformerBlock.__dict__["__call__"]  # our rewrite
+    calls = []
+    wrapper = _counting_wrapper(original, calls)
+    llama.TransformerBlock.__call__ = wrapper
+    try:
+        got = model(x)
+        assert len(calls) == 2 and _fuse.counts()["fused"] == 2
+        mlx_rmsnorm.unpatch()
+        assert llama.TransformerBlock.__dict__["__call__"] is wrapper  # not removed
+        assert not mlx_rmsnorm.is_fused()
+        calls.clear()
+        _fuse.reset_counts()
+        again = model(x)
+        assert len(calls) == 2 and _fuse.counts()["fused"] == 0  # inert: the original block
+        assert close(got, again)
+        # the same values as the wrapper around the original block, unpatched
+        llama.TransformerBlock.__call__ = _counting_wrapper(_fuse._installed[
+            ("mlx_lm.models.llama", "TransformerBlock", "__call__")].original, [])
+        mx.eval(want_plain)
+        assert mx.array_equal(again, model(x))
+        # patching again turns the rewrite under the wrapper back on
+        llama.TransformerBlock.__call__ = wrapper
+        mlx_rmsnorm.patch(fuse=True)
+        assert mlx_rmsnorm.is_fused()
+        _fuse.reset_counts()
+        model(x)
+        assert _fuse.counts()["fused"] == 2
+    finally:
+        mlx_rmsnorm.unpatch()
+        rec = _fuse._installed.pop(("mlx_lm.models.llama", "TransformerBlock", "__call__"), None)
+        if rec is not None:
+            llama.TransformerBlock.__call__ = rec.original
+    assert llama.TransformerBlock.__dict__["__call__"].__module__ == "mlx_lm.models.llama"
+
+
+def _loss_and_grads(model, x, y):
+    def loss_fn(m, x, y):
+        return nn.losses.cross_entropy(m(x), y).mean()
+
+    loss, grads = nn.value_and_grad(model, loss_fn)(model, x, y)
+    mx.eval(loss, grads)
+    return loss, dict(tree_flatten(grads))
+
+
+@pytest.mark.parametrize("order", ["checkpoint-first", "patch-first"])
+def test_grad_checkpoint_keeps_checkpointing(order):
+    model = make("qwen3")
+    x, y = tokens()
+    want_loss, want = _loss_and_grads(model, x, y)
+    cls = type(model.model.layers[0])
+    pristine = cls.__dict__["__call__"]
+    calls = []
+    real_checkpoint = mx.checkpoint
+
+    def counting_checkpoint(fn):
+        calls.append(1)
+        return real_checkpoint(fn)
+
+    try:
+        mx.checkpoint = counting_checkpoint
+        if order == "checkpoint-first":
+            grad_checkpoint(model.model.layers[0])
+            mlx_rmsnorm.patch(fuse=True)
+        else:
+            mlx_rmsnorm.patch(fuse=True)
+            grad_checkpoint(model.model.layers[0])
+        got_loss, got = _loss_and_grads(model, x, y)
+        assert len(calls) == len(model.model.layers)  # every block checkpointed
+        if order == "patch-first":
+            assert _fuse.counts()["fused"] > 0  # fused inside the checkpoint
+        assert abs(got_loss.item() - want_loss.item()) <= 1e-5 * abs(want_loss.item())
+        for k in want:
+            assert close(got[k], want[k], 1e-4), k
+        wrapper = cls.__dict__["__call__"]
+        mlx_rmsnorm.unpatch()
+        assert cls.__dict__["__call__"] is wrapper  # the checkpoint stays
+        calls.clear()
+        _loss_and_grads(model, x, y)
+        assert len(calls) == len(model.model.layers)
+    finally:
+        mx.checkpoint = real_checkpoint
+        mlx_rmsnorm.unpatch()
+        _fuse._installed.pop(("mlx_lm.models.qwen3", "TransformerBlock", "__call__"), None)
+        cls.__call__ = pristine
+
+
+def test_changed_mlx_lm_block_runs_its_own_code():
+    # an mlx-lm whose block differs from the one the entry was written for:
+    # the same module and name, other source
+    namespace = {}
+    exec(
+        "def __call__(self, x, mask=None, cache=None):\n"
+        "    r = self.self_attn(self.input_layernorm(x), mask, cache)\n"
+        "    h = x + 0.5 * r\n"
+        "    return h + self.mlp(self.post_attention_layernorm(h))\n",
+        namespace,
+    )
+    changed = namespace["__call__"]
+    changed.__module__ = "mlx_lm.models.llama"
+    changed.__qualname__ = "TransformerBlock.__call__"
+    original = llama.TransformerBlock.__dict__["__call__"]
+    llama.TransformerBlock.__call__ = changed
+    try:
+        model = make("llama")
+        x, _ = tokens()
+        want = model(x)
+        mx.eval(want)
+        with pytest.warns(RuntimeWarning, match="mlx_lm.models.llama.TransformerBlock.*changed block"):
+            mlx_rmsnorm.patch(fuse=True)
+        got = model(x)
+        assert close(got, want)
+        assert llama.TransformerBlock.__dict__["__call__"] is changed
+    finally:
+        mlx_rmsnorm.unpatch()
+        llama.TransformerBlock.__call__ = original
+
+
+def test_every_entry_matches_the_installed_mlx_lm():
+    # the pinned mlx-lm: every entry installs (no fingerprint mismatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mlx_rmsnorm.patch(fuse=True)
+    assert _fuse.skipped() == {}
+    assert len(_fuse._installed) == len({sw.key for sws in _fuse.ARCHITECTURES.values() for sw in sws})
+
+
+def test_gemma_norm_subclass_without_own_call_runs_the_original():
+    class Sub(gemma2.RMSNorm):
+        pass
+
+    model = make("gemma2")
+    layer = model.model.layers[1]
+    sub = Sub(layer.input_layernorm.weight.shape[0], eps=layer.input_layernorm.eps)
+    sub.weight = layer.input_layernorm.weight
+    layer.input_layernorm = sub
+    x, _ = tokens()
+    want = model(x)
+    with mlx_rmsnorm.patched(fuse=True):
+        got = model(x)
+    assert close(got, want)
+
+
+def test_float16_gemma3_keeps_clip_residual():
+    model = make("gemma3_text", mx.float16)
+    x, _ = tokens()
+    with mlx_rmsnorm.patched():
+        want = model(x)
+        mx.eval(want)
+    with mlx_rmsnorm.patched(fuse=True):
+        got = model(x)
+    # the blocks run their own code; the norms form 1 + w in fp32, not float16
+    assert close(got.astype(mx.float32), want.astype(mx.float32), 2e-2)
+    assert _fuse.counts()["fallback:float16 (clip_residual)"] == 2
+
+
+def test_block_subclass_runs_the_original():
+    class MyBlock(llama.TransformerBlock):
+        pass
+
+    model = make("llama")
+    old = model.model.layers[0]
+    new = MyBlock(model.args)
+    new.update(old.parameters())
+    model.model.layers[0] = new
+    x, _ = tokens()
+    want = model(x)
+    with mlx_rmsnorm.patched(fuse=True):
+        got = model(x)
+    assert close(got, want)
+    assert _fuse.counts() == {"fused": 1, "fallback:block subclass": 1}
+
+
+def test_cpu_stream_default_runs_the_builtin_and_the_original_blocks():
+    was = mlx_rmsnorm.route_cpu(False)
+    try:
+        model = make("llama")
+        x, _ = tokens()
+        with mx.stream(mx.cpu):
+            want = model(x)
+            mx.eval(want)
+            with mlx_rmsnorm.patched(fuse=True):
+                got = model(x)
+        if mx.default_device() == mx.cpu:
+            assert mx.array_equal(got, want)  # bit for bit: MLX's own ops
+            assert _fuse.counts()["fallback:cpu stream (built-in)"] == 2
+    finally:
+        mlx_rmsnorm.route_cpu(was)
+
+
+# --- switches -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_fuse_must_be_a_bool(value):
+    with pytest.raises(TypeError, match=r"mlx_rmsnorm.patch: fuse must be True or False"):
+        mlx_rmsnorm.patch(fuse=value)
+    with pytest.raises(TypeError, match=r"mlx_rmsnorm.patched: fuse must be True or False"):
+        with mlx_rmsnorm.patched(fuse=value):
+            pass
+    assert not mlx_rmsnorm.is_patched()
+
+
+@pytest.mark.parametrize("value", ["fused", "bogus", "true"])
+def test_unknown_patch_variable_is_an_error(value):
+    env = dict(os.environ, MLX_RMSNORM_PATCH=value)
+    out = subprocess.run([sys.executable, "-c", "import mlx_rmsnorm; print('RAN', mlx_rmsnorm.is_patched())"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "RAN" not in out.stdout
+    assert f"MLX_RMSNORM_PATCH={value!r} is not one of 1" in out.stderr
+
+
+@pytest.mark.parametrize("target", ["nosuch_script.py", "nosuch_module_xyz", "mlx_lm.nosuch"])
+def test_missing_target_is_one_line(target):
+    out = subprocess.run([sys.executable, "-m", "mlx_rmsnorm", target], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert out.stderr.strip().startswith("python -m mlx_rmsnorm: no ") and target in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
