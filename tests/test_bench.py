@@ -1,6 +1,7 @@
-"""The benchmarks' code paths on the CPU: mlx_rmsnorm.bench in quick mode
-writes CSV, JSON and a plot with sane columns, its contenders compute what
-their names say, its repeats are interleaved; examples/bench_train_step.py
+"""The benchmarks' code paths on the CPU: the mlx_rmsnorm.bench package in
+quick mode writes CSV, JSON and a plot with sane columns, its contenders
+compute what their names say, its repeats are interleaved, its sections come
+from the registry and its help speaks to users; examples/bench_train_step.py
 trains tiny mlx-lm models with the built-in and the plugin and sees the
 plugin's primitives in the patched rounds only. No timing is asserted."""
 
@@ -18,6 +19,7 @@ from conftest import TOL, random, rel_err, to_numpy
 
 import mlx_rmsnorm
 from mlx_rmsnorm import bench
+from mlx_rmsnorm.bench import cli, core, registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN_STEP = os.path.join(ROOT, "examples", "bench_train_step.py")
@@ -82,7 +84,7 @@ def test_no_arguments_on_a_cpu_run_the_quick_cases_and_say_so(tmp_path, capsys):
 def test_progress_moves_every_round(monkeypatch):
     rounds = []
     sets = [(mx.zeros((2,)), mx.zeros((2,)))]
-    bench.time_interleaved([lambda x, g: x] * 3, sets, calls=1, repeats=4, singles=0,
+    core.time_interleaved([lambda x, g: x] * 3, sets, calls=1, repeats=4, singles=0,
                            on_round=lambda: rounds.append(1))
     assert len(rounds) == 5  # the warm-up round and 4 timed ones
 
@@ -91,7 +93,38 @@ def test_naive_row_only_on_the_gpu():
     w = mx.ones((8,))
     assert ("bwd", "ours naive") in {(d, i) for d, i, _ in bench.contenders("table", w, gpu=True)}
     assert ("bwd", "ours naive") not in {(d, i) for d, i, _ in bench.contenders("table", w, gpu=False)}
-    assert "seed" not in bench.__doc__  # the help: a newcomer has no "seed"
+
+
+def test_help_speaks_to_users(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    # every section is listed with what it times, the defaults marked
+    for name, spec in registry.SECTION_SPECS.items():
+        line = next(l.strip() for l in text.splitlines() if l.strip().split(" ")[0] in (name, name + "*"))
+        assert line[len(name):].lstrip().startswith("*") == spec.default, line
+    for flag in ("--quick", "--full", "--training", "--no-sweep", "--sections", "--shapes",
+                 "--dtype", "--calls", "--repeats", "--singles", "--out", "--generate", "--fused"):
+        assert flag in text
+    # no words of the code's insides, nor of how the work was organised
+    for word in ("SECTION_SPECS", "functions below", "seed", "session", "issue"):
+        assert word not in text, word
+
+
+def test_a_section_is_a_module_and_a_line():
+    """The registry gathers the SECTIONS of the modules it names, in order,
+    and a run's sections, tables and plot follow that order."""
+    import importlib
+
+    gathered = {}
+    for name in registry.MODULES:
+        gathered.update(importlib.import_module(f"mlx_rmsnorm.bench.{name}").SECTIONS)
+    assert list(registry.SECTION_SPECS) == list(gathered)
+    assert list(registry.SECTION_SPECS)[:4] == ["table", "sweep", "training", "decode"]
+    assert bench.SECTIONS == ["table", "sweep", "training", "decode"]
+    assert {"ln_training", "ln_table"} <= set(registry.SECTION_SPECS) - set(bench.SECTIONS)
+    assert all(isinstance(s, core.Section) and s.about for s in registry.SECTION_SPECS.values())
 
 
 def test_every_shape_has_ours_builtin_and_ceiling(quick_run):
@@ -142,10 +175,10 @@ def test_full_run_covers_the_training_and_decode_shapes():
 
 
 def test_shapes_option_replaces_every_sections_shapes(tmp_path):
-    assert bench.parse_shapes("8192x4096, 1x8x128") == [(8192, 4096), (1, 8, 128)]
+    assert cli.parse_shapes("8192x4096, 1x8x128") == [(8192, 4096), (1, 8, 128)]
     for bad in ("8192", "0x128", "ax4", ""):
         with pytest.raises(SystemExit, match="--shapes"):
-            bench.parse_shapes(bad)
+            cli.parse_shapes(bad)
     assert bench.cases(["training", "decode"], quick=False, shapes=[(64, 256)]) == [
         ("training", (64, 256)), ("decode", (64, 256))]
     assert bench.main(["--sections", "training", "--shapes", "32x96", "--repeats", "1",
@@ -162,8 +195,8 @@ def test_contenders_compute_what_they_are_named(kind):
     dtype = mx.float32
     x, g = random((24, 96), dtype, 1), random((24, 96), dtype, 2)
     w = random((96,), dtype, 3, scale=0.1, offset=1.0)
-    y_ref = mx.fast.rms_norm(x, w, bench.EPS)
-    gx_ref, gw_ref = mx.vjp(lambda x, w: mx.fast.rms_norm(x, w, bench.EPS), [x, w], [g])[1]
+    y_ref = mx.fast.rms_norm(x, w, core.EPS)
+    gx_ref, gw_ref = mx.vjp(lambda x, w: mx.fast.rms_norm(x, w, core.EPS), [x, w], [g])[1]
     with mx.stream(mx.cpu):
         for direction, impl, fn in bench.contenders(kind, w):
             out = fn(x, g)
@@ -211,7 +244,7 @@ def test_repeats_are_interleaved_round_robin():
         return fn
 
     sets = [(mx.zeros((2,)), mx.zeros((2,)))]
-    samples = bench.time_interleaved([figure(n) for n in "abc"], sets, calls=2, repeats=3, singles=1)
+    samples = core.time_interleaved([figure(n) for n in "abc"], sets, calls=2, repeats=3, singles=1)
     # per round: each figure's many-calls sample (2 calls), then one single each
     rounds = [calls[i:i + 9] for i in range(0, len(calls), 9)]
     assert len(rounds) == 4  # warm-up + 3
@@ -223,7 +256,7 @@ def test_repeats_are_interleaved_round_robin():
 
 
 def test_stats_of_known_values():
-    st = bench._stats([5.0, 1.0, 3.0, 2.0, 4.0])
+    st = core.stats([5.0, 1.0, 3.0, 2.0, 4.0])
     assert (st["med"], st["min"], st["max"], st["q1"], st["q3"]) == (3.0, 1.0, 5.0, 2.0, 4.0)
 
 

@@ -1,9 +1,9 @@
 """Generation benchmark: mlx-lm models generating with MLX's built-in
-mx.fast.rms_norm and with mlx_rmsnorm.patch(), in interleaved rounds in one
-process (built-in, plugin, built-in, plugin, ...).
+mx.fast.rms_norm, with mlx_rmsnorm.patch() and with patch(fuse=True), in
+interleaved rounds in one process.
 
     python -m mlx_rmsnorm.bench --generate [--quick] [--out DIR]
-    python -m mlx_rmsnorm.bench_generate [--models qwen3-0.6b,llama-3-8b]
+    python -m mlx_rmsnorm.bench.generation [--models qwen3-0.6b,llama-3-8b]
         [--rounds 7] [--prompt 2048] [--tokens 64] [--vocab 32768] [--quick]
 
 What mlx-lm's generate does, without its sampler and detokenizer: the prompt
@@ -13,7 +13,11 @@ per token. Random weights in bf16, nothing downloaded:
                (QK-norm: 4 norm calls a layer), tied embeddings
   llama-3-8b   Llama-3-8B's shape: hidden 4096, 32 layers, 32/8 heads, 14336
 The vocabulary is --vocab (the real ones are 151936 and 128256): it sizes
-only the embedding and the head, which the norm never sees.
+only the embedding and the head, which the norm never sees. --quick (what
+`python -m mlx_rmsnorm.bench` runs on a CPU) builds toy models of the same two
+architectures instead, 2 layers of hidden 64, and labels them so ("qwen3 toy,
+2 layers, hidden 64"): the same code paths in seconds, no figure of the real
+models.
 
 Contenders: the built-in, patch(), and patch(fuse=True) (the residual add
 fused into the norm where mlx_rmsnorm.fused_architectures() lists the model).
@@ -63,6 +67,16 @@ VARIANTS = (("mx.fast", False, False), ("mlx_rmsnorm", True, False), ("fuse", Tr
 # Two logits within this of each other are a tie at bf16 resolution (8 bits
 # of mantissa: 2^-7 relative at logits of magnitude ~1-4).
 TIE = 0.05
+
+
+def label(name, quick):
+    """What a row calls the model: its name at full size; at --quick size
+    what it is, a toy of the same architecture."""
+    if not quick:
+        return name
+    shape = QUICK_SHAPES[name]
+    return (f"{MODELS[name][0]} toy, {shape['num_hidden_layers']} layers, "
+            f"hidden {shape['hidden_size']}")
 
 
 def build_model(name, vocab, quick):
@@ -172,8 +186,9 @@ def spread(med, lo, hi):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default=",".join(MODELS))
+    p = argparse.ArgumentParser(prog="python -m mlx_rmsnorm.bench.generation", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma list from {','.join(MODELS)}")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (+1 warm-up)")
     p.add_argument("--prompt", type=int, default=2048, help="prompt tokens (one prefill eval)")
     p.add_argument("--tokens", type=int, default=64, help="decode steps a round")
@@ -202,7 +217,7 @@ def main(argv=None):
         rounds, parted = bench(name, args, progress)
         b, o, f = rounds["mx.fast"], rounds["mlx_rmsnorm"], rounds["fuse"]
         for i, phase in enumerate(("prefill", "decode")):
-            row = dict(model=name, phase=phase)
+            row = dict(model=label(name, args.quick), phase=phase)
             for key, r in (("builtin", b), ("ours", o), ("fuse", f)):
                 v = [x[i] * 1e3 for x in r]
                 row.update({f"{key}_ms": statistics.median(v), f"{key}_min": min(v), f"{key}_max": max(v)})
@@ -213,11 +228,12 @@ def main(argv=None):
             row["tokens_parted_at"] = min(parted) if parted else ""
             rows.append(row)
     progress.close()
-    print(f"\n{'model':12} {'phase':8} {'mx.fast ms':>24} {'patch() ms':>24} {'built-in/ours':>22} "
+    width = max(len(r["model"]) for r in rows)
+    print(f"\n{'model':{width}} {'phase':8} {'mx.fast ms':>24} {'patch() ms':>24} {'built-in/ours':>22} "
           f"{'patch(fuse=True) ms':>24} {'built-in/fuse':>22}")
     for r in rows:
         cell = lambda k: spread(r[k], r[k.replace("_ms", "") + "_min"], r[k.replace("_ms", "") + "_max"])
-        print(f"{r['model']:12} {r['phase']:8} {cell('builtin_ms'):>24} {cell('ours_ms'):>24} "
+        print(f"{r['model']:{width}} {r['phase']:8} {cell('builtin_ms'):>24} {cell('ours_ms'):>24} "
               f"{cell('ratio'):>22} {cell('fuse_ms'):>24} {cell('fuse_ratio'):>22}")
     parted = [r for r in rows if r["tokens_parted_at"] != ""]
     print("greedy tokens: " + ("the same in every round" if not parted else

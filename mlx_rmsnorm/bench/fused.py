@@ -1,0 +1,192 @@
+"""The fused residual add + RMSNorm (add_rms_norm) at the training shapes of
+the models whose blocks patch(fuse=True) rewrites, forward and backward,
+against MLX's add + the built-in norm and MLX's add + our norm; then the
+accuracy of Gemma's norm (scale 1 + w) against float64."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import mlx.core as mx
+
+from .. import add_rms_norm, add_rms_norm_vjp, rms_norm
+from .core import (EPS, L2_BYTES, MAX_SETS, Progress, builtin_rms_norm, device_name, stats,
+                   time_interleaved, trim)
+from .output import spread, write_outputs
+
+# Tokens per step x hidden sizes of the models whose blocks patch(fuse=True)
+# rewrites (Qwen2.5-0.5B 896, Qwen3-0.6B 1024, Qwen3-1.7B 2048, Qwen3-4B 2560,
+# Llama-8B / Qwen3-8B 4096, 14B 5120, 8192).
+FUSED_SHAPES = [
+    (8192, 896), (16384, 1024), (32768, 1024), (8192, 2048), (16384, 2048),
+    (8192, 2560), (8192, 4096), (16384, 4096), (8192, 5120), (4096, 8192),
+]
+FUSED_QUICK = [(64, 1024), (128, 896), (33, 4099)]
+# Tensors each direction moves (rows x N each; the weight and gw are left
+# out): forward reads x and residual and writes h and y; backward reads h,
+# g_y and g_h and writes the one gradient of x and residual.
+FUSED_TENSORS = {"fwd": 4, "bwd": 4}
+FUSED_IMPLS = ["fused", "MLX add + built-in norm", "MLX add + our norm"]
+FUSED_BASELINE = "MLX add + built-in norm"
+
+
+def fused_contenders(w):
+    """[(direction, impl, fn(a, b, c))]. Forward: a = x, b = residual.
+    Backward: a = h, b = g_y, c = g_h; the unfused ones differentiate the norm
+    of h and add g_h, which is the backward MLX runs for `h = x + r; norm(h)`
+    (the add's own backward is the identity)."""
+    def unfused_bwd(norm):
+        def f(h, gy, gh):
+            gx, gw = mx.vjp(lambda h, w: norm(h, w, EPS), [h, w], [gy])[1]
+            return gx + gh, gw
+        return f
+
+    def unfused_fwd(norm):
+        def f(x, r, c):
+            h = x + r
+            return norm(h, w, EPS), h
+        return f
+
+    return [
+        ("bwd", "copy x+g", lambda a, b, c: a + b),
+        ("bwd", "fused", lambda h, gy, gh: add_rms_norm_vjp(h, w, gy, gh, EPS)),
+        ("bwd", FUSED_BASELINE, unfused_bwd(builtin_rms_norm)),
+        ("bwd", "MLX add + our norm", unfused_bwd(rms_norm)),
+        ("fwd", "fused", lambda x, r, c: add_rms_norm(x, r, w, EPS)),
+        ("fwd", FUSED_BASELINE, unfused_fwd(builtin_rms_norm)),
+        ("fwd", "MLX add + our norm", unfused_fwd(rms_norm)),
+    ]
+
+
+def fused_inputs(shape, dtype, n_sets):
+    key = mx.random.key(shape[0] * 7919 + shape[-1])
+    sets = []
+    for _ in range(n_sets):
+        ka, kb, kc, key = mx.random.split(key, 4)
+        sets.append(tuple(mx.random.normal(shape, key=k).astype(dtype) for k in (ka, kb, kc)))
+    w = (1 + 0.1 * mx.random.normal((shape[-1],), key=key)).astype(dtype)
+    mx.eval(sets, w)
+    return sets, w
+
+
+def run_fused_case(shape, dtype, calls, repeats, singles, device):
+    """Rows for one shape. The ceiling of each direction is the copy kernel's
+    rate (x + g: 2 reads, 1 write) applied to that direction's bytes (4
+    tensors): the time the fused traffic takes at the copy rate."""
+    m, n = shape
+    tensor = m * n * dtype.size
+    n_sets = max(2, min(MAX_SETS, -(-L2_BYTES // (3 * tensor)) + 1))
+    with mx.stream(device):
+        sets, w = fused_inputs(shape, dtype, n_sets)
+        figs = fused_contenders(w)
+        samples = time_interleaved([f for _, _, f in figs], sets, calls, repeats, singles)
+    del sets, w
+    mx.clear_cache()
+    trim()
+    copy_us = [1e6 * e for e in samples[0]["many"]]  # 3 tensors
+    rows = []
+    for i, (direction, impl, _) in enumerate(figs):
+        if i == 0:
+            continue
+        us = [1e6 * e for e in samples[i]["many"]]
+        ceil = [c * FUSED_TENSORS[direction] / 3 for c in copy_us]
+        base_i = next(j for j, f in enumerate(figs) if f[:2] == (direction, FUSED_BASELINE))
+        base = [1e6 * e for e in samples[base_i]["many"]]
+        st = stats(us)
+        rows.append(dict(
+            kind="fused", direction=direction, impl=impl, shape=f"{m}x{n}", M=m, N=n,
+            dtype=str(dtype).split(".")[-1], bytes=FUSED_TENSORS[direction] * tensor,
+            calls=calls, repeats=len(us), us=st["med"], us_min=st["min"], us_max=st["max"],
+            us_single=statistics.median([1e6 * t for t in samples[i]["single"]]),
+            gbs=FUSED_TENSORS[direction] * tensor / st["med"] / 1e3,
+            ceiling_us=statistics.median(ceil),
+            pct_ceiling=100 * statistics.median(ceil) / st["med"],
+            speedup_vs_baseline=statistics.median(base) / st["med"],
+            speedup_min=min(b / u for b, u in zip(base, us)),
+            speedup_max=max(b / u for b, u in zip(base, us)),
+            samples_us=us))
+    return rows
+
+
+def print_fused_tables(rows):
+    for direction, title in (("fwd", "forward: read x, residual; write h, y"),
+                             ("bwd", "backward: read h, g_y, g_h; write gx (+ gw)")):
+        sel = [r for r in rows if r["direction"] == direction]
+        if not sel:
+            continue
+        print(f"\nfused add + RMSNorm, {title}: us per call, {sel[0]['calls']} calls per eval, "
+              f"median of {sel[0]['repeats']} interleaved repeats; x = {FUSED_BASELINE} / impl; "
+              f"ceiling = the copy kernel's rate on these 4 tensors")
+        hdr = f"{'shape':>12} {'ceil us':>8}" + "".join(f" {i[:24]:>24} {'%ceil':>6} {'x':>5}"
+                                                    for i in FUSED_IMPLS)
+        print(hdr)
+        print("-" * len(hdr))
+        for shape in dict.fromkeys(r["shape"] for r in sel):
+            line = None
+            for impl in FUSED_IMPLS:
+                r = next(r for r in sel if r["shape"] == shape and r["impl"] == impl)
+                if line is None:
+                    line = f"{shape:>12} {r['ceiling_us']:8.1f}"
+                line += f" {spread(r['us'], r['us_min'], r['us_max']):>24} " \
+                        f"{r['pct_ceiling']:5.0f}% {r['speedup_vs_baseline']:5.2f}"
+            print(line)
+
+
+def gemma_accuracy(device, shape=(4096, 2048), seed=60):
+    """Gemma's norm (bf16 x, stored weight w, scale 1 + w) against float64:
+    ours with offset=1 (1 + w in fp32) and the built-in path mlx-lm runs,
+    mx.fast.rms_norm(x, 1.0 + w) with 1 + w rounded to bf16. Max |error| in
+    half-ulps of bf16 at the reference (<= 1: within one rounding of the
+    output) and relative to the largest output."""
+    import numpy as np
+
+    kx, kw = mx.random.split(mx.random.key(seed))
+    x = (2.0 * mx.random.normal(shape, key=kx)).astype(mx.bfloat16)
+    w = (0.05 * mx.random.normal(shape[-1:], key=kw)).astype(mx.bfloat16)
+    with mx.stream(device):
+        ours = rms_norm(x, w, 1e-6, offset=1.0)
+        builtin = builtin_rms_norm(x, 1.0 + w, 1e-6)
+        mx.eval(ours, builtin)
+    xd = np.array(x.astype(mx.float32), dtype=np.float64)
+    ref = xd / np.sqrt(np.mean(xd * xd, axis=-1, keepdims=True) + 1e-6) * (
+        np.array(w.astype(mx.float32), dtype=np.float64) + 1.0)
+    half_ulp = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(ref), 1e-30))) - 8)
+    out = {}
+    for name, y in (("offset=1 (fp32 1+w)", ours), ("built-in, bf16 1+w", builtin)):
+        d = np.abs(np.array(y.astype(mx.float32), dtype=np.float64) - ref)
+        out[name] = (float(np.max(d / half_ulp)), float(np.max(d) / np.max(np.abs(ref))),
+                     float(np.mean(d / half_ulp)))
+    print(f"\nGemma norm accuracy, {shape[0]}x{shape[1]} bf16 on {device_name(device)}, vs float64 "
+          f"(max and mean |err| in bf16 half-ulps; max |err| / max |ref|):")
+    for name, (hu, rel, mean) in out.items():
+        print(f"  {name:22} max {hu:5.2f} half-ulps  mean {mean:5.3f}  rel {rel:.2e}")
+    return out
+
+
+def run(args, device, dtype, shapes):
+    """The section on its own (bench --fused): its tables, CSV, JSON and the
+    Gemma accuracy lines."""
+    shapes = shapes or (FUSED_QUICK if args.quick else FUSED_SHAPES)
+    t_start = time.perf_counter()
+    rows = []
+    progress = Progress(len(shapes), len(shapes))  # a step a shape
+    try:
+        for i, shape in enumerate(shapes):
+            progress.case(i, "fused", "x".join(map(str, shape)))
+            rows += run_fused_case(tuple(shape[-2:]), dtype, args.calls, args.repeats,
+                                   args.singles, device)
+            progress.round_done()
+    finally:
+        progress.close()
+    elapsed = time.perf_counter() - t_start
+    os.makedirs(args.out, exist_ok=True)
+    base = os.path.join(args.out, f"bench_{args.dtype}_fused")
+    write_outputs(rows, base, dict(device=str(device), dtype=args.dtype, sections=["fused"],
+                                   calls=args.calls, repeats=args.repeats, quick=args.quick,
+                                   seconds=elapsed))
+    print_fused_tables(rows)
+    gemma_accuracy(device)
+    print(f"\nresults: {base}.csv, {base}.json ({elapsed:.0f} s)")
+    return 0
