@@ -24,6 +24,7 @@ import io
 import os
 import re
 import sys
+import time
 from collections import Counter
 
 import mlx.core as mx
@@ -32,13 +33,19 @@ _PRIMITIVES = ("RMSNormPlugin", "RMSNormPluginVJP", "RMSNorm", "RMSNormVJP",
                "AddRMSNormPlugin", "AddRMSNormPluginVJP")
 # LayerNorm (patch() routes mx.fast.layer_norm too), reported after RMSNorm.
 _LAYER_PRIMITIVES = ("LayerNormPlugin", "LayerNormPluginVJP", "LayerNorm", "LayerNormVJP")
-# Graphs of the first calls only: under mx.compile those are the traces, and
-# exporting a large eager graph at every step would cost a real run time.
-_MAX_GRAPHS = 8
+# Every gradient graph is counted while counting has cost at most 2 s, or this
+# share of the process's time so far (reading a graph means exporting it as
+# text: a long training run must not pay that at every step); past that the
+# report says how many it counted of how many.
+_MAX_SHARE = 0.05
+_FREE_S = 2.0
 
 _counts = dict.fromkeys(_PRIMITIVES + _LAYER_PRIMITIVES, 0)
-_graphs = 0
+_graphs = 0  # gradient graphs made
+_counted = 0  # of them, counted
+_counting_s = 0.0  # time spent counting
 _installed = False
+_START = time.perf_counter()
 
 
 def _enabled(name: str) -> bool:
@@ -54,28 +61,39 @@ def primitive_counts(*outputs) -> Counter:
 
 
 def _count(*outputs) -> None:
-    global _graphs
-    if _graphs >= _MAX_GRAPHS:
-        return
+    global _graphs, _counted, _counting_s
     _graphs += 1
+    if _counting_s > max(_FREE_S, _MAX_SHARE * (time.perf_counter() - _START)):
+        return
+    t = time.perf_counter()
     found = primitive_counts(*outputs)
     for name in _counts:
         _counts[name] += found[name]
+    _counted += 1
+    _counting_s += time.perf_counter() - t
+
+
+def _counting_call(fn):
+    """``fn`` that counts the graph of what it returns (``mx.vjp``: the
+    primals and the cotangents; a function made by ``mx.grad``)."""
+
+    def wrapped(*a, **k):
+        out = fn(*a, **k)
+        try:
+            _count(out)
+        except Exception as e:  # a report must never break the run
+            print(f"mlx_rmsnorm report: could not read a graph ({e})", file=sys.stderr)
+        return out
+
+    wrapped.__wrapped__ = fn
+    return wrapped
 
 
 def _counting(transform):
+    """``mx.grad`` / ``mx.value_and_grad`` whose functions count their graphs."""
+
     def wrapped_transform(*args, **kwargs):
-        fn = transform(*args, **kwargs)
-
-        def wrapped(*a, **k):
-            out = fn(*a, **k)
-            try:
-                _count(out)
-            except Exception as e:  # a report must never break the run
-                print(f"mlx_rmsnorm report: could not read a graph ({e})", file=sys.stderr)
-            return out
-
-        return wrapped
+        return _counting_call(transform(*args, **kwargs))
 
     wrapped_transform.__wrapped__ = transform
     return wrapped_transform
@@ -84,15 +102,33 @@ def _counting(transform):
 def summary() -> str:
     import mlx_rmsnorm
 
+    from . import _fuse
+
     c = _counts
+    sampled = "" if _counted == _graphs else (
+        f" (counted the first {_counted} of {_graphs} gradient graphs: counting more would have cost "
+        f"over {_MAX_SHARE:.0%} of the run's time)"
+    )
+    blocks = _fuse.counts()
+    fallbacks = ", ".join(f"{k.split(':', 1)[1]}: {v}" for k, v in sorted(blocks.items()) if k != "fused")
     return (
         f"mlx_rmsnorm report: patched={mlx_rmsnorm.is_patched()} gradient_graphs={_graphs} "
         f"RMSNormPlugin={c['RMSNormPlugin']} RMSNormPluginVJP={c['RMSNormPluginVJP']} "
         f"builtin_RMSNorm={c['RMSNorm']} builtin_RMSNormVJP={c['RMSNormVJP']} "
         f"AddRMSNormPlugin={c['AddRMSNormPlugin']} AddRMSNormPluginVJP={c['AddRMSNormPluginVJP']} "
         f"LayerNormPlugin={c['LayerNormPlugin']} LayerNormPluginVJP={c['LayerNormPluginVJP']} "
-        f"builtin_LayerNorm={c['LayerNorm']} builtin_LayerNormVJP={c['LayerNormVJP']}"
+        f"builtin_LayerNorm={c['LayerNorm']} builtin_LayerNormVJP={c['LayerNormVJP']}{sampled}\n"
+        f"mlx_rmsnorm report: fused={mlx_rmsnorm.is_fused()} blocks_fused={blocks['fused']} "
+        f"blocks_unfused={sum(v for k, v in blocks.items() if k != 'fused')}"
+        + (f" ({fallbacks})" if fallbacks else "")
+        + (CPU_NOTE if mx.default_device() == mx.cpu and not _fuse._cpu_plugin else "")
     )
+
+
+CPU_NOTE = (
+    "\nmlx_rmsnorm report: the default stream is the CPU, where patch() runs MLX's own norm "
+    "(expanded into plain ops, not counted above); MLX_RMSNORM_ROUTE_CPU=1 runs the plugin there"
+)
 
 
 def install_report() -> None:
@@ -105,6 +141,7 @@ def install_report() -> None:
     _installed = True
     mx.value_and_grad = _counting(mx.value_and_grad)
     mx.grad = _counting(mx.grad)
+    mx.vjp = _counting_call(mx.vjp)
     atexit.register(lambda: print(summary(), file=sys.stderr, flush=True))
 
 

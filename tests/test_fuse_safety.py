@@ -367,3 +367,32 @@ def test_missing_target_is_one_line(target):
     assert "Traceback" not in out.stderr
     assert out.stderr.strip().startswith("python -m mlx_rmsnorm: no ") and target in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+REPORT_SCRIPT = """
+import mlx.core as mx, mlx.nn as nn, sys
+sys.path.insert(0, {tests!r})
+from tiny_models import make, tokens
+model = make("llama")
+model.model.layers[1].post_attention_layernorm.__class__ = type("Sub", (nn.RMSNorm,), {{}})
+x, y = tokens()
+step = nn.value_and_grad(model, lambda m, x, y: nn.losses.cross_entropy(m(x), y).mean())
+for _ in range(12):
+    mx.eval(step(model, x, y))
+for _ in range(3):
+    mx.eval(mx.vjp(lambda a: mx.fast.rms_norm(a, None, 1e-5), [x.astype(mx.float32)], [x.astype(mx.float32)]))
+"""
+
+
+def test_report_counts_every_graph_and_the_fused_blocks(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(REPORT_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, MLX_RMSNORM_PATCH="fuse", MLX_RMSNORM_REPORT="1")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("mlx_rmsnorm report:")]
+    assert "gradient_graphs=15 " in lines[0] and "counted the first" not in lines[0], lines
+    # 12 steps x (2 input norms + 1 unfused post norm + the final norm) + 3 vjp calls
+    assert "RMSNormPluginVJP=51 " in lines[0], lines
+    assert "AddRMSNormPluginVJP=12 " in lines[0], lines
+    assert "blocks_fused=12 blocks_unfused=12 (norm class: 12)" in lines[1], lines
