@@ -217,3 +217,56 @@ def test_awq_apply_scale_treats_both_alike():
     (nw_a, lw_a), (nw_b, lw_b) = results
     assert mx.allclose(nw_a, 1.0 / scales).item()  # what mlx-lm does to an RMSNorm
     assert mx.array_equal(nw_a, nw_b).item() and mx.array_equal(lw_a, lw_b).item()
+
+
+# --- the CPU stream: MLX's own op under patch() (route_cpu off, the default) --------
+
+
+@pytest.fixture
+def builtin_on_cpu():
+    was = mlx_rmsnorm.route_cpu(False)
+    yield
+    mlx_rmsnorm.route_cpu(was)
+
+
+def _composition(x, w, eps):
+    # MLX's test_fast.py reference for rms_norm
+    y = x.astype(mx.float32)
+    y = y * mx.rsqrt(y.square().mean(-1, keepdims=True) + eps)
+    return w * y.astype(w.dtype)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_cpu_stream_runs_the_builtin_bit_for_bit(builtin_on_cpu, seed):
+    # MLX's own tests (N = 4099 float32, 1e-6 absolute against the composition;
+    # second-order gradients at 1e-5) pass under patch() on the CPU because the
+    # routed call there *is* the built-in.
+    from mlx_rmsnorm._patching import BUILTIN, BUILTIN_LAYER_NORM
+
+    mx.random.seed(seed)
+    x = mx.random.uniform(shape=(3, 4099))
+    w = mx.random.uniform(shape=(4099,))
+    b = mx.random.uniform(shape=(4099,))
+    with mx.stream(mx.cpu):
+        want = BUILTIN(x, w, 1e-5)
+        want_ln = BUILTIN_LAYER_NORM(x, w, b, 1e-5)
+        f = lambda fn: mx.grad(lambda x: mx.grad(lambda x: fn(x, w, 1e-5).sum())(x).sum())(x)  # noqa: E731
+        want_gg = f(BUILTIN)
+        with mlx_rmsnorm.patched():
+            got = mx.fast.rms_norm(x, w, 1e-5)
+            got_ln = mx.fast.layer_norm(x, w, b, 1e-5)
+            got_gg = f(mx.fast.rms_norm)
+            assert "RMSNormPlugin" not in graph_text(got)
+    assert mx.array_equal(got, want) and mx.array_equal(got_ln, want_ln) and mx.array_equal(got_gg, want_gg)
+    assert float(mx.abs(got - _composition(x, w, 1e-5)).max()) < 1e-6
+
+
+def test_cpu_stream_routes_to_the_plugin_when_asked():
+    was = mlx_rmsnorm.route_cpu(True)
+    try:
+        x = mx.ones((2, 8))
+        with mlx_rmsnorm.patched(), mx.stream(mx.cpu):
+            assert "RMSNormPlugin" in graph_text(mx.fast.rms_norm(x, None, 1e-5))
+            assert "LayerNormPlugin" in graph_text(mx.fast.layer_norm(x, None, None, 1e-5))
+    finally:
+        mlx_rmsnorm.route_cpu(was)
