@@ -159,7 +159,7 @@ inline constexpr RowPlan kForward[] = {
 // of rows per SM): a call is one row's latency, not bandwidth, and the rows
 // above were sized for bandwidth. Chosen with cuda/cli/tune_decode (H200,
 // bf16, 200 back-to-back launches in a CUDA graph, as in a decode step's
-// chain, us per launch at 1 / 16 / 64 rows; docs/h200/s8/tune-decode-*.log):
+// chain, us per launch at 1 / 16 / 64 rows; docs/h200/2026-12-01-5bbb625/tune-decode-*.log):
 // - w is loaded beside x (fwd_rows PERSISTENT), never after the reduction:
 //   that costs a second round trip, 1x4096 2.16 vs 2.56 us (128 x 4).
 // - One 16-byte vector a thread (the block is the row) up to N = 5120:
