@@ -68,7 +68,7 @@ MODELS = {
         model_type="llama", hidden_size=4096, num_hidden_layers=4, intermediate_size=14336,
         num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5,
         max_position_embeddings=8192, tie_word_embeddings=False, rope_theta=500000.0)),
-    # LayerNorm (issue 24): GPT-2 medium's shape (hidden 1024, 24 layers, 16
+    # LayerNorm: GPT-2 medium's shape (hidden 1024, 24 layers, 16
     # heads, LayerNorm with weight and bias, tied embeddings), positions
     # extended to --seq.
     "gpt2-medium": (gpt2, dict(

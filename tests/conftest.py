@@ -50,14 +50,14 @@ def device(request):
 # (which keeps what it reserved), and none of them knows about the others. On
 # one GPU eight workers together can hold more than the card while one of
 # them runs a large test. That is the likely cause (read from the code; seen
-# once on the H200, not rerun since: no GPU in that session) of the
+# once on the H200, before the measures below) of the
 # RuntimeError test_bitwise_deterministic[naive-4096-32768] (256 MiB tensors,
 # 100 calls) raised under -n 8 while it passes alone: an allocation that
 # found the memory held by the other workers' caches (ours fails with
 # "allocating N bytes of GPU memory", MLX's with its malloc error; both are
 # RuntimeErrors). So under xdist each worker caps its MLX
 # cache, gives its caches back after every GPU test, and the tests with large
-# tensors share one xdist group: with --dist loadgroup (scripts/gpu_check.sh)
+# tensors share one xdist group: with --dist loadgroup (scripts/gpu_run.sh)
 # they run one after another in a single worker.
 XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 LARGE_ELEMENTS = 2**25  # 64 MiB a bf16 tensor: the benchmark shapes and 262144x128

@@ -1,4 +1,4 @@
-"""LayerNorm (issue 24): layer_norm / layer_norm_vjp / LayerNorm against float64
+"""LayerNorm: layer_norm / layer_norm_vjp / LayerNorm against float64
 NumPy and against mx.fast.layer_norm, every weight/bias combination, dtypes,
 transforms, export, patch() and determinism. Every test runs on the CPU stream
 and, where MLX has CUDA and the plugin its kernels, on the GPU (`gpu` marker).
