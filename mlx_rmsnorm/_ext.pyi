@@ -61,6 +61,28 @@ def layer_norm_vjp(
     need_gb: bool = True,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> Tuple[mx.array, Optional[mx.array], Optional[mx.array]]: ...
+def routed_rms_norm(
+    x: mx.array,
+    weight: Optional[mx.array],
+    eps: float,
+    *,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> mx.array:
+    """``mx.fast.rms_norm``'s signature and docstring: MLX's own op on a CPU
+    stream (unless ``_set_route_cpu(True)``), the plugin's elsewhere."""
+
+def routed_layer_norm(
+    x: mx.array,
+    weight: Optional[mx.array],
+    bias: Optional[mx.array],
+    eps: float,
+    *,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> mx.array:
+    """``mx.fast.layer_norm``'s signature and docstring, routed as
+    ``routed_rms_norm``."""
+
+def _set_route_cpu(on: bool) -> bool: ...
 def _layer_norm_builtin_forward_reference_backward(
     x: mx.array, weight: Optional[mx.array], bias: Optional[mx.array], eps: float
 ) -> mx.array: ...

@@ -7,6 +7,10 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include <atomic>
+
+#include "mlx/fast.h"
+
 #include "device_memory.h"
 #ifdef MLX_RMSNORM_CUDA
 #include <cuda_runtime.h>
@@ -23,6 +27,58 @@
 namespace nb = nanobind;
 using namespace nb::literals;
 namespace mx = mlx::core;
+
+namespace {
+
+// Whether patch()'s routed functions run the plugin on CPU streams too. Off:
+// a CPU call under patch() is MLX's own op, whose CPU path is a composition
+// of plain ops that a user's CPU tests (and MLX's) compare against bit for
+// bit; ours rounds differently (closer to float64, not equal). The tests turn
+// it on to run our CPU path under patch().
+std::atomic<bool> route_cpu{false};
+
+bool builtin_here(const mx::StreamOrDevice& s) {
+  return !route_cpu.load(std::memory_order_relaxed) &&
+         mx::to_stream(s).device.type == mx::Device::DeviceType::cpu;
+}
+
+// mx.fast's own docstrings: patch() puts these functions in mx.fast's place.
+constexpr const char* kRmsNormDoc = R"(
+        Root Mean Square normalization (RMS norm).
+
+        The normalization is with respect to the last axis of the input ``x``.
+
+        Args:
+            x (array): Input array.
+            weight (array, optional): A multiplicative weight to scale the result by.
+              The ``weight`` should be one-dimensional with the same size
+              as the last axis of ``x``. If set to ``None`` then no scaling happens.
+            eps (float): A small additive constant for numerical stability.
+
+        Returns:
+            array: The output array.
+      )";
+
+constexpr const char* kLayerNormDoc = R"(
+        Layer normalization.
+
+        The normalization is with respect to the last axis of the input ``x``.
+
+        Args:
+            x (array): Input array.
+            weight (array, optional): A multiplicative weight to scale the result by.
+              The ``weight`` should be one-dimensional with the same size
+              as the last axis of ``x``. If set to ``None`` then no scaling happens.
+            bias (array, optional): An additive offset to be added to the result.
+              The ``bias`` should be one-dimensional with the same size
+              as the last axis of ``x``. If set to ``None`` then no translation happens.
+            eps (float): A small additive constant for numerical stability.
+
+        Returns:
+            array: The output array.
+      )";
+
+}  // namespace
 
 NB_MODULE(_ext, m) {
   m.doc() = "RMSNorm primitives for MLX (forward and backward kernels).";
@@ -185,6 +241,40 @@ NB_MODULE(_ext, m) {
             ``gw`` is ``None`` without a weight or with ``need_gw=False``,
             ``gb`` likewise for the bias.
         )");
+
+  // What patch() puts in mx.fast's place: mx.fast's signatures and
+  // docstrings; on a CPU stream MLX's own op (unless _set_route_cpu(True)),
+  // elsewhere ours. In C++ rather than a Python wrapper: a decode step is
+  // bound by the host, where a Python layer costs about 1 us a call.
+  m.def(
+      "routed_rms_norm",
+      [](const mx::array& x, const std::optional<mx::array>& weight, float eps,
+         mx::StreamOrDevice s) {
+        if (builtin_here(s)) return mx::fast::rms_norm(x, weight, eps, s);
+        return mlx_rmsnorm::rms_norm(x, weight, eps, s);
+      },
+      "x"_a, "weight"_a.none(), "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
+      nb::sig("def routed_rms_norm(x: array, weight: array | None, eps: float, *, "
+              "stream: StreamOrDevice = None) -> array"),
+      kRmsNormDoc);
+  m.def(
+      "routed_layer_norm",
+      [](const mx::array& x, const std::optional<mx::array>& weight,
+         const std::optional<mx::array>& bias, float eps, mx::StreamOrDevice s) {
+        if (builtin_here(s)) return mx::fast::layer_norm(x, weight, bias, eps, s);
+        return mlx_rmsnorm::layer_norm(x, weight, bias, eps, s);
+      },
+      "x"_a, "weight"_a.none(), "bias"_a.none(), "eps"_a, nb::kw_only(),
+      "stream"_a = nb::none(),
+      nb::sig("def routed_layer_norm(x: array, weight: array | None, bias: array | None, "
+              "eps: float, *, stream: StreamOrDevice = None) -> array"),
+      kLayerNormDoc);
+  m.def(
+      "_set_route_cpu",
+      [](bool on) { return route_cpu.exchange(on); },
+      "on"_a,
+      "Whether routed_rms_norm / routed_layer_norm run the plugin on CPU streams "
+      "too (default: MLX's own op there); returns the previous value.");
 
   // Tests only: the GPU path of layer_norm for rows that are not a whole
   // number of 16-byte vectors, on any stream.
