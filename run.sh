@@ -7,9 +7,15 @@
 #
 # Set-up (idempotent): a virtual environment in .venv (or $VENV), MLX with
 # CUDA when an NVIDIA GPU is visible (mlx[cuda13]) and the CPU build otherwise,
-# the build and test tools, and this package built against that MLX.
+# the build and test tools, and this package built against that MLX. Each
+# part is done only when it is missing or out of date: a second run on an
+# unchanged tree installs and builds nothing (a few seconds), and after an
+# edit the build recompiles only what the edit touches (build/<flavor>-<mlx
+# version>/ keeps CMake's folder; build_backend/dev_build.py says when the
+# build is current).
 set -euo pipefail
 cd "$(dirname "$0")"
+t0=$SECONDS
 MLX_VERSION="${MLX_VERSION:-0.32.4}"
 VENV="${VENV:-.venv}"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
@@ -36,18 +42,47 @@ fi
 # one builds an extension that rejects MLX's arrays); stops on an MLX outside
 # the supported range, saying which to install.
 NANOBIND="$("$PY" mlx_rmsnorm/_mlx_env.py --nanobind-requirement)" || exit 1
-pip_install setuptools wheel "$NANOBIND" "cmake>=3.24" numpy pytest hypothesis tqdm matplotlib \
-  "mlx-lm==0.32.2"  # the tests train tiny mlx-lm models with patch()
-echo "[run.sh] building mlx-rmsnorm against the installed MLX"
+# setuptools >= 77: the licence as an SPDX expression; mlx-lm: the tests train
+# tiny mlx-lm models with patch()
+tools=("setuptools>=77" wheel "$NANOBIND" "cmake>=3.24" ninja numpy pytest hypothesis tqdm matplotlib
+       "mlx-lm==0.32.2")
+missing="$("$PY" build_backend/dev_build.py missing "${tools[@]}")"
+if [ -n "$missing" ]; then
+  echo "[run.sh] installing the build and test tools: $missing"
+  pip_install "${tools[@]}"
+fi
 # Editable: the extension is built into mlx_rmsnorm/, so the package imports
-# the same from this folder and from anywhere else. Rebuilt at every run, so
-# after an MLX upgrade ./run.sh is the rebuild. (No build isolation: the
-# tools above are already here; plain `pip install .` works too, see README.)
-pip_install --no-build-isolation --no-deps -e .
+# the same from this folder and from anywhere else. Built again when the
+# sources, the build settings or the MLX changed, so after an MLX upgrade
+# ./run.sh is the rebuild. (No build isolation: the tools above are already
+# here; plain `pip install .` works too, see README.)
+if why="$("$PY" build_backend/dev_build.py up-to-date)"; then
+  echo "[run.sh] mlx-rmsnorm is built for this tree and this MLX: nothing to build"
+else
+  mkdir -p build
+  log="$PWD/build/run-sh-build.log"
+  echo "[run.sh] building mlx-rmsnorm against the installed MLX ($why); full log: build/run-sh-build.log"
+  echo "[run.sh] a first build takes ~4 min on 2 CPU cores (nanobind and ours); later ones only what changed"
+  start=$SECONDS
+  # pip -v streams the build's output: a line per CMake/compile step shows
+  set +e
+  "$PY" -m pip install --disable-pip-version-check -v --no-build-isolation --no-deps -e . \
+    2>&1 | tee "$log" | { grep --line-buffered -E '^ *(\[ *[0-9]+(%|/[0-9]+)\]|-- mlx-rmsnorm:|mlx-rmsnorm:)' \
+    | sed -u -e 's/^ *//' -e 's/^/  /' || true; }
+  rc=${PIPESTATUS[0]}
+  set -e
+  if [ "$rc" -ne 0 ]; then
+    echo "[run.sh] the build failed; the end of build/run-sh-build.log:" >&2
+    tail -40 "$log" >&2
+    exit "$rc"
+  fi
+  echo "[run.sh] built in $((SECONDS - start)) s"
+fi
 # The .pth a regular install puts beside the package (MLX_RMSNORM_PATCH /
 # MLX_RMSNORM_REPORT at interpreter start); an editable install gets none.
 "$PY" build_backend/mlx_rmsnorm_build.py --pth \
   >"$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/mlx_rmsnorm_autopatch.pth"
+echo "[run.sh] set-up done in $((SECONDS - t0)) s"
 
 case "${1:-main}" in
   test)

@@ -3,17 +3,27 @@
 # PEP 517 backend; `pip install --no-build-isolation .` and plain setuptools
 # commands go through the same code). The built package records that MLX in
 # mlx_rmsnorm/_build_info.py and pins it in its requirements.
+#
+# Where it compiles: an editable or in-place build (`pip install -e .`,
+# ./run.sh) in build/<flavor>-<mlx version>/, which stays, so that the next
+# build recompiles only what changed; a regular build (`pip install .`, a
+# wheel) in a fresh temporary folder, removed afterwards (build_backend/
+# dev_build.py says more).
+import glob
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "build_backend"))
+import dev_build  # noqa: E402
 import mlx_rmsnorm_build as backend  # noqa: E402
 
 def _target_or_none():
@@ -63,15 +73,35 @@ class CMakeExtension(Extension):
         super().__init__(name, sources=[])
 
 
+def _ninja():
+    for path in (shutil.which("ninja"), os.path.join(os.path.dirname(sys.executable), "ninja")):
+        if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
 class CMakeBuild(build_ext):
+    def run(self):
+        # Asked before build_ext.run, which clears `inplace` while it builds.
+        self._keep_build_dir = bool(self.inplace or getattr(self, "editable_mode", False))
+        super().run()
+
     def build_extension(self, ext):
         info = backend.target_mlx()
         nanobind_version = _check_nanobind(info)
         out = Path(self.get_ext_fullpath(ext.name)).resolve().parent
         out.mkdir(parents=True, exist_ok=True)
+        keep = getattr(self, "_keep_build_dir", False)
+        if keep:
+            tmp = dev_build.build_dir(info)
+            lib_dir = tmp / "lib"
+        else:
+            tmp = Path(tempfile.mkdtemp(prefix="mlx-rmsnorm-build-"))
+            lib_dir = out
+        tmp.mkdir(parents=True, exist_ok=True)
         cfg = "Debug" if (self.debug or os.environ.get("DEBUG") == "1") else "Release"
         args = [
-            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out}{os.sep}",
+            f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={lib_dir}{os.sep}",
             f"-DCMAKE_BUILD_TYPE={cfg}",
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DMLX_ROOT={info['mlx_root']}",
@@ -96,10 +126,12 @@ class CMakeBuild(build_ext):
             args.append(f"-DCMAKE_CUDA_COMPILER={nvcc[0]}")
             if nvcc[1]:
                 args.append(f"-DCUDAToolkit_ROOT={nvcc[1]}")
+            # Said at every configure: a kept build folder's cache would
+            # otherwise keep the architectures of the build before it.
+            archs = os.environ.get("MLX_RMSNORM_CUDA_ARCHS")
+            args.append(f"-DMLX_RMSNORM_CUDA_ARCHS={archs}" if archs else "-UMLX_RMSNORM_CUDA_ARCHS")
         args += [a for a in os.environ.get("CMAKE_ARGS", "").split() if a]
         build_args = [] if "CMAKE_BUILD_PARALLEL_LEVEL" in os.environ else [f"-j{os.cpu_count()}"]
-        tmp = Path(self.build_temp).resolve() / ext.name
-        tmp.mkdir(parents=True, exist_ok=True)
         self._drop_stale_cache(tmp, [info["mlx_root"], sys.executable, nvcc[0] if nvcc else "",
                                      _nanobind_dir(),
                                      f"MLX_RMSNORM_NANOBIND_VERSION:UNINITIALIZED={nanobind_version}"])
@@ -111,17 +143,51 @@ class CMakeBuild(build_ext):
                                "(PATH, the cmake package): pip install cmake")
         print(f"mlx-rmsnorm: building against mlx {info['version']} ({info.get('flavor')}) "
               f"at {info['mlx_root']}" + (f", nvcc {nvcc[0]}" if nvcc else ""), flush=True)
-        print(f"mlx-rmsnorm: cmake {cmake}", flush=True)
-        subprocess.run([cmake, str(HERE), *args], cwd=tmp, check=True)
-        subprocess.run([cmake, "--build", ".", *build_args], cwd=tmp, check=True)
+        print(f"mlx-rmsnorm: cmake {cmake}, build folder {tmp}", flush=True)
+        try:
+            self._configure(cmake, tmp, args)
+            print("mlx-rmsnorm: compiling (a line per step)", flush=True)
+            subprocess.run([cmake, "--build", ".", *build_args], cwd=tmp, check=True)
+            if keep:
+                # The newest module CMake wrote; replaced, not rewritten in
+                # place, so that a process that has the old one loaded keeps it.
+                built = max(glob.glob(str(lib_dir / "_ext.*")), key=os.path.getmtime)
+                target = out / os.path.basename(built)
+                shutil.copy2(built, f"{target}.tmp")
+                os.replace(f"{target}.tmp", target)
+                # setuptools then copies it into the package folder by
+                # rewriting the file there: unlinked first, a running
+                # process keeps the module it has mapped.
+                (HERE / "mlx_rmsnorm" / target.name).unlink(missing_ok=True)
+        finally:
+            if not keep:
+                shutil.rmtree(tmp, ignore_errors=True)
         self._write_build_info(info, out)
+        if keep:
+            dev_build.write_stamp(info, nanobind_version)
+
+    @staticmethod
+    def _configure(cmake, tmp, args):
+        # Configured again only when the arguments changed (a change of a
+        # CMakeLists.txt reconfigures by itself in `cmake --build`).
+        record = tmp / "mlx-rmsnorm-cmake-args.json"
+        if (tmp / "CMakeCache.txt").is_file():
+            if record.is_file() and json.loads(record.read_text()) == args:
+                return
+        elif "CMAKE_GENERATOR" not in os.environ and _ninja():
+            args = [*args, "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_ninja()}"]
+        record.unlink(missing_ok=True)
+        subprocess.run([cmake, str(HERE), *args], cwd=tmp, check=True)
+        record.write_text(json.dumps([a for a in args if a not in ("-G", "Ninja") and
+                                      not a.startswith("-DCMAKE_MAKE_PROGRAM=")]))
 
     @staticmethod
     def _drop_stale_cache(tmp, must_contain):
-        # build/ is shared by every build of this checkout (isolated ones get
-        # a new nanobind path each time, another venv another MLX): a CMake
-        # cache from another environment would keep its paths or refuse the
-        # other nvcc, so start over when it does not name ours.
+        # The kept build folder is shared by every editable build of this
+        # checkout against that MLX version (isolated ones get a new nanobind
+        # path each time, another venv other paths): a CMake cache from
+        # another environment would keep its paths or refuse the other nvcc,
+        # so start over when it does not name ours.
         cache = tmp / "CMakeCache.txt"
         if cache.is_file():
             text = cache.read_text(errors="replace")
@@ -138,7 +204,7 @@ class CMakeBuild(build_ext):
             f"MLX_BACKEND_VERSION = {info.get('backend_version')!r}\n"
         )
         targets = {out / "_build_info.py"}
-        if self.inplace or getattr(self, "editable_mode", False):
+        if getattr(self, "_keep_build_dir", False):  # the package imports from the source tree
             targets.add(HERE / "mlx_rmsnorm" / "_build_info.py")
         for path in targets:
             path.write_text(text)
@@ -158,7 +224,7 @@ setup(
                       "mlx>={},<={}".format(*backend._mlx_env().SUPPORTED_MLX), "numpy"],
     ext_modules=[CMakeExtension("mlx_rmsnorm._ext")],
     cmdclass={"build_ext": CMakeBuild},
-    packages=["mlx_rmsnorm"],
+    packages=find_packages(include=["mlx_rmsnorm", "mlx_rmsnorm.*"]),
     package_data={"mlx_rmsnorm": ["*.pyi", "py.typed"]},
     include_package_data=False,  # not the C++ sources under mlx_rmsnorm/csrc
     zip_safe=False,
