@@ -11,21 +11,23 @@ plugin. ``add_rms_norm`` fuses a residual add into the norm, and
 ``patch(fuse=True)`` rewrites mlx-lm's decoder blocks to use it.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` and no plain `import mlx.core as
+# mx` here: every name this module binds is part of the namespace users see
+# (dir(mlx_rmsnorm)); helpers take a leading underscore.
+from ._version import __version__
 from ._version_check import check as _check_mlx_version
 
 _check_mlx_version()  # before anything loads libmlx: the MLX built against?
 
-import mlx.core as mx
-import mlx.nn as nn
+import mlx.core as _mx  # noqa: E402
+import mlx.nn as _nn  # noqa: E402
 
-from ._ext import (
+from . import _ext  # noqa: E402
+from ._ext import (  # noqa: E402
     add_rms_norm,
     add_rms_norm_vjp,
     device_memory,
     gpu_family,
-    has_cuda_kernels,
     layer_norm,
     layer_norm_vjp,
     rms_norm,
@@ -55,7 +57,14 @@ __all__ = [
 ]
 
 
-class RMSNorm(nn.RMSNorm):
+def has_cuda_kernels() -> bool:
+    """Whether this build carries the CUDA kernels (built against MLX's CUDA
+    flavor). A GPU run also needs a GPU: ``mx.is_available(mx.gpu)``."""
+    flag = _ext.has_cuda_kernels  # a constant of the module (a function would do too)
+    return bool(flag() if callable(flag) else flag)
+
+
+class RMSNorm(_nn.RMSNorm):
     r"""Root Mean Square normalization through the plugin: an
     :class:`mlx.nn.RMSNorm` (a subclass: ``isinstance`` checks, parameters,
     ``repr`` and checkpoints are the same) whose call runs :func:`rms_norm`
@@ -66,11 +75,11 @@ class RMSNorm(nn.RMSNorm):
         eps (float): Added for numerical stability. Default: ``1e-5``.
     """
 
-    def __call__(self, x: mx.array) -> mx.array:
+    def __call__(self, x: _mx.array) -> _mx.array:
         return rms_norm(x, self["weight"], self.eps)
 
 
-class LayerNorm(nn.LayerNorm):
+class LayerNorm(_nn.LayerNorm):
     r"""Layer normalization through the plugin: an :class:`mlx.nn.LayerNorm`
     (a subclass: parameters, ``repr`` and checkpoints are the same) whose call
     runs :func:`layer_norm` whether or not :func:`patch` is on.
@@ -82,7 +91,7 @@ class LayerNorm(nn.LayerNorm):
         bias (bool): With ``affine``, learn the bias too. Default: ``True``.
     """
 
-    def __call__(self, x: mx.array) -> mx.array:
+    def __call__(self, x: _mx.array) -> _mx.array:
         weight = self["weight"] if "weight" in self else None
         bias = self["bias"] if "bias" in self else None
         return layer_norm(x, weight, bias, self.eps)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Data-parallel check on the GPU machine, from the repo root, in a run that
-# carries .device (see scripts/gpu_check.sh):
+# Data-parallel check, run by hand on a GPU machine with 2+ GPUs (one GPU: the
+# 2-GPU parts are skipped), from the repo root, in a run that carries .device
+# (see scripts/gpu_run.sh):
 #
 #   bash scripts/gpu_distributed_check.sh
 #
@@ -34,7 +35,7 @@ log() { tee -a "$OUT/summary.txt"; }
 : >"$OUT/summary.txt"
 
 step setup
-ready() { python3 -c "import mlx.core as mx, mlx_rmsnorm as m; assert mx.cuda.is_available() and m.has_cuda_kernels" 2>/dev/null; }
+ready() { python3 -c "import mlx.core as mx, mlx_rmsnorm as m; assert mx.cuda.is_available() and m.has_cuda_kernels()" 2>/dev/null; }
 if [ -n "${FORCE_BUILD:-}" ] || ! ready; then
   if ! python3 -c "import mlx.core as mx; assert mx.cuda.is_available()" 2>/dev/null; then
     source .device/setup.sh || exit 1

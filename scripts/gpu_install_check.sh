@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU machine, offline: mlx-rmsnorm installs like a Python package on the CUDA
-# flavor of MLX (the issue "Installs like a Python package").
+# Run by hand on the GPU machine (offline): mlx-rmsnorm installs like a Python
+# package on the CUDA flavor of MLX (the CPU flavor's check, install_check.sh,
+# runs in CI).
 #   A. `pip install <src>` with pip's default build isolation, into python3 with
 #      the MLX CUDA wheels of .device/wheels (system nvcc on PATH); then from
 #      outside the checkout: import, the recorded MLX, the mlx[cuda13] pin, GPU
@@ -51,10 +52,10 @@ from mlx_rmsnorm import _build_info
 assert "site-packages" in mlx_rmsnorm.__file__, mlx_rmsnorm.__file__
 pin = [r for r in md.requires("mlx-rmsnorm") if r.startswith(("mlx[", "mlx=="))]
 print("built against", _build_info.MLX_VERSION, _build_info.MLX_FLAVOR, "| requires", pin,
-      "| has_cuda_kernels", mlx_rmsnorm.has_cuda_kernels, "| mlx", mx.__version__, mx.default_device())
+      "| has_cuda_kernels", mlx_rmsnorm.has_cuda_kernels(), "| mlx", mx.__version__, mx.default_device())
 assert (_build_info.MLX_VERSION, _build_info.MLX_FLAVOR) == (mx.__version__, "cuda13")
 assert pin == [f"mlx[cuda13]=={mx.__version__}"], pin
-assert mlx_rmsnorm.has_cuda_kernels and mx.default_device() == mx.gpu
+assert mlx_rmsnorm.has_cuda_kernels() and mx.default_device() == mx.gpu
 M, N = 1000, 4096
 x = mx.random.normal((M, N), key=mx.random.key(0))
 w = mx.random.normal((N,), key=mx.random.key(1))

@@ -3,6 +3,7 @@ with the shape changing every step must keep mx.get_active_memory() flat --
 no leak in our outputs, scratch or temporaries.
 
     python scripts/memory_check.py [--steps 10000]
+Run by scripts/gpu_run.sh (step memory) on the GPU; runs on the CPU too.
 """
 
 import argparse
@@ -22,7 +23,7 @@ def main():
     p.add_argument("--steps", type=int, default=10000)
     p.add_argument("--max-rows", type=int, default=2048)
     args = p.parse_args()
-    device = mx.gpu if mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels else mx.cpu
+    device = mx.gpu if mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels() else mx.cpu
     mx.set_default_device(device)
     rng = np.random.default_rng(0)
     weights = {n: mx.ones((n,), mx.float32) for n in NS}

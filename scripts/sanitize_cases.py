@@ -4,6 +4,7 @@ fallbacks (odd N, N past the tables, misaligned inputs), M smaller than the
 grid, every dtype pairing and backward algorithm. Sizes stay small: the tools
 slow kernels down by orders of magnitude.
 
+Run by scripts/gpu_run.sh (step sanitize), or by hand:
     compute-sanitizer --tool memcheck python3 scripts/sanitize_cases.py
     compute-sanitizer --tool racecheck python3 scripts/sanitize_cases.py --max-n 16392 --long-rows 64
 
@@ -35,7 +36,7 @@ def main():
                    help="rows for N past 4099 (N <= 4099 always takes 300)")
     args = p.parse_args()
     start = time.time()
-    device = mx.gpu if mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels else mx.cpu
+    device = mx.gpu if mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels() else mx.cpu
     count = 0
     for n in [n for n in NS if args.min_n <= n <= args.max_n]:
         # fewer rows for the longest: a run under a sanitizer stays within minutes
