@@ -3,7 +3,8 @@ call (scripts/cuda_calls.cpp, a CUPTI injection library) per eval, for the
 built-in and for the plugin, in the workloads where a fixed cost per call
 shows: one norm call per eval (forward, backward), many calls per eval, a
 decode step of an mlx-lm model (one eval per token, as mlx_lm.generate) and a
-compiled training step. Run on the GPU machine:
+compiled training step. Run on the GPU machine by scripts/gpu_run.sh (step
+calls), or by hand:
 
     python3 scripts/cuda_calls.py [--out FILE] [--scenarios a,b,...]
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Wheels for the offline install check on the GPU machine (gpu_install_check.sh).
+"""Wheels for the offline install check on the GPU machine (gpu_install_check.sh),
+run by hand: `prepare` here before the device run; that script runs `restore`.
 
     python3 scripts/gpu_install_wheels.py prepare [DIR]          # here, with PyPI
     python3 scripts/gpu_install_wheels.py restore DIR OUT [CUDA]  # there

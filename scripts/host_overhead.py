@@ -4,6 +4,7 @@ the lazy graph and the time of mx.eval, in us per call (median of repeats,
 contenders interleaved).
 
     python3 scripts/host_overhead.py [--shapes 8x1024,1x1x16x128] [--calls 50] [--repeats 10]
+On the GPU machine, by scripts/gpu_run.sh (steps host and minsize) or by hand.
 """
 
 import argparse

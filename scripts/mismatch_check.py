@@ -5,6 +5,7 @@ never the driver's bare message. Run with such a build importable first:
 
     MLX_RMSNORM_CUDA_ARCHS=80-real pip install --no-deps --target /tmp/t80 .
     cd /tmp && PYTHONPATH=/tmp/t80 python3 <repo>/scripts/mismatch_check.py
+scripts/gpu_run.sh (step mismatch) does both on the GPU machine.
 """
 
 import sys

@@ -2,6 +2,7 @@
 profiler can catch its kernels:
 
     ncu ... python3 scripts/profile_case.py {fwd,bwd} {ours,builtin} M N
+Run under ncu by scripts/gpu_run.sh (step profile).
 """
 
 import sys

@@ -7,6 +7,7 @@ where each contender starts, so the report can be split afterwards:
 dram__throughput.avg.pct_of_peak_sustained_elapsed \
         python3 scripts/profile_training.py > ncu.csv
     python3 scripts/profile_training.py --report ncu.csv
+On the GPU machine, by scripts/gpu_run.sh (step ncu) or by hand.
 """
 
 import csv

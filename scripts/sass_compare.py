@@ -1,4 +1,6 @@
-"""Compare the SASS of two builds of one object, function by function.
+"""Compare the SASS of two builds of one object, function by function. Run by
+hand when a change must leave the kernels' machine code as it was (a refactor
+of the CUDA sources):
 
     python scripts/sass_compare.py BEFORE.sass AFTER.sass [--res BEFORE.res AFTER.res]
 

@@ -34,6 +34,9 @@ def test_large_gpu_cases_share_one_xdist_group():
     assert LARGE_GROUP == "gpu-large" and LARGE_ELEMENTS == 2**25
 
 
-def test_gpu_check_runs_xdist_by_group():
-    text = open(os.path.join(ROOT, "scripts", "gpu_check.sh")).read()
-    assert text.count('echo "-n 8 --dist loadgroup"') == 2 and '"-n 8")' not in text
+def test_gpu_run_runs_xdist_by_group():
+    # one definition of the pytest-xdist options, used by every pytest call
+    text = open(os.path.join(ROOT, "scripts", "gpu_run.sh")).read()
+    assert text.count('echo "-n 8 --dist loadgroup"') == 1
+    assert text.count("-n 8") == text.count("-n 8 --dist loadgroup")
+    assert text.count("$XDIST") >= 3

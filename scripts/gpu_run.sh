@@ -1,0 +1,350 @@
+#!/usr/bin/env bash
+# The GPU check: every run on the GPU machine goes through here, as named steps.
+# Run by hand (a developer) in a device run that carries .device (made by
+# ../shared/tools/device-wheels), from the repository root:
+#
+#   bash scripts/gpu_run.sh STEP...        (no STEP: build tests)
+#
+# Each step writes its log under $OUT (default results/gpu) as it ends, runs
+# under its own time limit and inside BUDGET seconds for the whole run
+# (default 570, one device call), so a run cut short still returns what it
+# finished; a failed step does not stop the next; the exit status says
+# whether any failed. Steps that need the extension build it first when the
+# tree's build is not there yet (editable, incremental: build/<flavor>-<mlx>/).
+#
+# Build and tools
+#   build         the extension for MLX_RMSNORM_CUDA_ARCHS (default 90; "default":
+#                 every architecture of cuda/CMakeLists.txt, ~2.5 min instead of ~40 s)
+#   cli           standalone kernels (cuda/, no MLX): rmsnorm_backward at three shapes
+#   tune          the backward and forward tuners (cuda/cli)
+# Tests
+#   tests         GPU-marked tests, not bigmem (-n 8 --dist loadgroup); TESTS=paths
+#   suite         the whole suite, not bigmem (what CI runs, plus the GPU tests)
+#   bigmem        the bigmem tests, alone on the GPU
+#   sanitize      compute-sanitizer over scripts/sanitize_cases.py (SANITIZE_TOOLS,
+#                 SANITIZE_TIMEOUT, RACECHECK_ARGS)
+#   memory        scripts/memory_check.py: active memory flat over 10000 steps
+#   sweep         every mlx-lm architecture under the built-in, patch(), patch(fuse=True)
+# Training and generation
+#   train         examples/train.py (the main job)
+#   transformer   examples/train_transformer.py (TRANSFORMER_PRECISIONS)
+#   trainstep     training steps of the mlx-lm shapes (examples/bench_train_step.py)
+#   generate      the generation benchmark (bench --generate)
+# Benchmark
+#   bench         the whole benchmark
+#   bench-training  its training and decode sections
+#   bench-table   the nine big shapes
+#   bench-fused   the fused add + norm section (with the Gemma accuracy figures)
+#   bench-ln      the LayerNorm sections
+# Kernels and the fixed cost of a call
+#   ncu           kernels alone under Nsight Compute: the seed shape and training shapes
+#   profile       Nsight Compute sections of the persistent backward (standalone)
+#                 and of both forwards through MLX (PROFILE_MLX_ONLY)
+#   decode        decode-step forwards under ncu (scripts/decode_kernels.py)
+#   calls         CUDA calls and kernel GPU time per eval (scripts/cuda_calls.py)
+#   host          host cost per call at decode shapes (scripts/host_overhead.py)
+#   minsize       host cost and generation, this build against one with nanobind's
+#                 -Os (no NOMINSIZE), alternating processes
+# Other GPU families on this GPU (rebuild the extension: run them last)
+#   ptx           PTX-only builds for compute_80 and compute_75: GPU tests, bench table
+#   mismatch      an 80-real build on this GPU: the error users get
+#
+# Separately: scripts/gpu_install_check.sh (pip install of the CUDA flavor),
+# scripts/gpu_distributed_check.sh (NCCL, 2 GPUs).
+set -uo pipefail
+ROOT="$PWD"
+OUT="${OUT:-$ROOT/results/gpu}"
+BUDGET="${BUDGET:-570}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+STEPS=("$@")
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(build tests)
+KNOWN=" build cli tune tests suite bigmem sanitize memory sweep train transformer trainstep generate bench
+  bench-training bench-table bench-fused bench-ln ncu profile decode calls host minsize ptx mismatch "
+for s in "${STEPS[@]}"; do
+  [[ "$KNOWN" == *" $s "* ]] || { echo "unknown step '$s'; steps:$KNOWN" | tr -s ' \n' ' '; echo; exit 2; }
+done
+t0=$SECONDS
+failed=()
+step() { echo; echo "=== $1 ($((SECONDS - t0)) s)"; }
+# cap MAX: at most MAX seconds, and never past the budget
+cap() { local l=$((BUDGET - (SECONDS - t0) - 5)); [ "$l" -gt "$1" ] && l=$1; [ "$l" -lt 1 ] && l=1; echo "$l"; }
+# pytest-xdist (on the GPU machine's image) spreads the float64 references over
+# the CPU cores; --dist loadgroup runs the large GPU cases (tests/conftest.py,
+# xdist_group "gpu-large") one after another in one worker, not eight at once.
+XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8 --dist loadgroup")
+
+step setup
+source .device/setup.sh || exit 1
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+
+# The extension of this tree, built once per run at most (skipped when the
+# tree's build is there: build_backend/dev_build.py).
+built=""
+case "${MLX_RMSNORM_CUDA_ARCHS:-90}" in
+  default) unset MLX_RMSNORM_CUDA_ARCHS ;;
+  *) export MLX_RMSNORM_CUDA_ARCHS="${MLX_RMSNORM_CUDA_ARCHS:-90}" ;;
+esac
+ensure_built() {
+  [ -n "$built" ] && return 0
+  local why
+  if why=$(python3 build_backend/dev_build.py up-to-date); then
+    echo "the build of this tree is there"
+  else
+    echo "building ($why), architectures ${MLX_RMSNORM_CUDA_ARCHS:-default}"
+    CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-16}" timeout "$(cap 400)" \
+      python3 -m pip install -v --no-build-isolation --no-deps -e . >/tmp/build.log 2>&1 \
+      || { cp /tmp/build.log "$OUT/"; tail -40 /tmp/build.log; return 1; }
+    grep -E "CUDA kernels|CUDA architectures|fmt" /tmp/build.log | sed 's/^ *//' | head -3
+  fi
+  # from /tmp: the installed package is imported, not the folder
+  (cd /tmp && python3 -c "import mlx_rmsnorm as m; assert m.has_cuda_kernels(), 'built without kernels'; \
+print('extension OK: CUDA kernels, GPU family', m.gpu_family())") || return 1
+  built=1
+}
+# The standalone kernels and tuners (cuda/, no MLX), in build/cuda.
+cli_built=""
+ensure_cli() {
+  [ -n "$cli_built" ] && return 0
+  cmake -S cuda -B build/cuda -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build/cuda >/dev/null \
+    || { echo "standalone build failed"; return 1; }
+  cli_built=1
+}
+# bench LOG LIMIT ARGS...: one run of the benchmark, its table in OUT/LOG
+bench() {
+  local log=$1 limit=$2; shift 2
+  ensure_built || return 1
+  (cd /tmp && timeout "$(cap "$limit")" python3 -m mlx_rmsnorm.bench "$@" --out "$OUT/bench" 2>&1) \
+    | grep -v "cases:\|case " | tee "$OUT/$log" | tail -40
+  return "${PIPESTATUS[0]}"
+}
+# pytest_run LOG LIMIT ARGS...: from /tmp (the installed package, not the folder);
+# SIGINT at the limit, so that pytest still prints its summary line
+pytest_run() {
+  local log=$1 limit=$2; shift 2
+  ensure_built || return 1
+  (cd /tmp && MLX_RMSNORM_HYPOTHESIS_PROFILE=gpu timeout -s INT "$(cap "$limit")" \
+     python3 -m pytest -q -p no:cacheprovider -rfE "$@" 2>&1) | tee "$OUT/$log" | tail -15
+  return "${PIPESTATUS[0]}"
+}
+test_paths() { local p; for p in ${TESTS:-tests}; do echo "$ROOT/$p"; done; }
+
+run_build() { ensure_built; }
+
+run_cli() {
+  ensure_cli || return 1
+  local shape rc=0
+  for shape in "8192 16384" "128 262144" "2880 16384"; do
+    ./build/cuda/rmsnorm_backward $shape 30 || rc=1
+  done 2>&1 | tee "$OUT/cli.log"
+  return $rc
+}
+
+run_tune() {
+  ensure_cli || return 1
+  { ./build/cuda/tune_backward 30 && echo && ./build/cuda/tune_forward 30; } 2>&1 | tee "$OUT/tune.log"
+  return "${PIPESTATUS[0]}"
+}
+
+run_tests() { pytest_run tests.log 300 $XDIST -m "gpu and not bigmem" $(test_paths); }
+run_suite() { pytest_run suite.log 500 $XDIST -m "not bigmem" $(test_paths); }
+run_bigmem() { pytest_run bigmem.log 300 -m bigmem $(test_paths); }
+
+run_sanitize() {
+  ensure_built || return 1
+  local tool start args rc
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
+    start=$SECONDS
+    # racecheck tracks every shared-memory access: it gets the smaller set
+    args=""; [ "$tool" = racecheck ] && args="${RACECHECK_ARGS:---max-n 16392 --long-rows 64}"
+    # (on a time-out, the last lines say which N it had reached)
+    timeout "$(cap "${SANITIZE_TIMEOUT:-170}")" compute-sanitizer --tool "$tool" --print-limit 20 \
+      --error-exitcode 1 python3 scripts/sanitize_cases.py $args 2>&1 | tail -4 | sed "s/^/[$tool] /"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" = 124 ] && echo "[$tool] TIMED OUT: not every case ran"
+    echo "[$tool] $((SECONDS - start)) s (limit ${SANITIZE_TIMEOUT:-170} s), exit $rc"
+  done | tee "$OUT/sanitize.log"
+  ! grep -q "exit [1-9]" "$OUT/sanitize.log"
+}
+
+run_memory() {
+  ensure_built || return 1
+  timeout "$(cap 300)" python3 scripts/memory_check.py --steps 10000 2>&1 | tee "$OUT/memory.log" | tail -6
+  return "${PIPESTATUS[0]}"
+}
+
+run_sweep() {
+  ensure_built || return 1
+  timeout -s INT "$(cap 400)" python3 scripts/arch_sweep.py --out "$OUT/sweep" --no-progress 2>&1 \
+    | tee "$OUT/sweep.log" | tail -30
+  return "${PIPESTATUS[0]}"
+}
+
+run_train() {
+  ensure_built || return 1
+  timeout "$(cap 200)" python3 examples/train.py 2>&1 | tee "$OUT/train.log" | tail -25
+  return "${PIPESTATUS[0]}"
+}
+
+run_transformer() {
+  ensure_built || return 1
+  local precision rc=0
+  : >"$OUT/transformer.log"
+  for precision in ${TRANSFORMER_PRECISIONS:-float32 mixed bfloat16}; do
+    timeout "$(cap 200)" python3 examples/train_transformer.py --precision "$precision" >>"$OUT/transformer.log" 2>&1 || rc=1
+    if [ "$precision" = float32 ]; then
+      # again with exact fp32 matmuls (no TF32): the fp32-level check
+      MLX_ENABLE_TF32=0 timeout "$(cap 200)" python3 examples/train_transformer.py --precision float32 \
+        >>"$OUT/transformer.log" 2>&1 || rc=1
+    fi
+  done
+  grep -E "^device:|ms/step|agree|gradients" "$OUT/transformer.log"
+  return $rc
+}
+
+run_trainstep() {
+  ensure_built || return 1
+  # built-in, patch(), patch(fuse=True); TRAINSTEP_ARGS adds e.g. --decode 32
+  { timeout "$(cap 200)" python3 examples/bench_train_step.py --rounds 5 --model qwen3-0.6b,llama-8b-slice \
+      --json "$OUT/train_step.json" ${TRAINSTEP_ARGS:-} 2>&1
+    timeout "$(cap 100)" python3 examples/bench_train_step.py --rounds 3 --model gpt2-medium --norms trained \
+      ${TRAINSTEP_ARGS:-} 2>&1; } | grep -v "round/s" | tee "$OUT/train-step.log" | grep -A8 "^model"
+  return "${PIPESTATUS[0]}"
+}
+
+run_generate() { bench generate.log 200 --generate; }
+run_bench() { bench bench.log 500; }
+run_bench_training() { bench bench-training.log 150 --sections training,decode --repeats 5 --singles 5; }
+run_bench_table() { bench bench-table.log 120 --sections table --repeats 5; }
+run_bench_fused() { bench bench-fused.log 120 --fused --repeats 5; }
+run_bench_ln() { bench bench-ln.log 150 --sections ln_training,ln_table --repeats 5; }
+
+run_ncu() {
+  ensure_built || return 1
+  PROFILE_SHAPES=16384x8192,4096x896,8192x1024,32768x5120 timeout "$(cap 150)" ncu --clock-control none --csv \
+    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    python3 scripts/profile_training.py >/tmp/ncu.csv 2>/dev/null
+  python3 scripts/profile_training.py --report /tmp/ncu.csv 2>&1 | tee "$OUT/ncu-training.txt"
+  return "${PIPESTATUS[0]}"
+}
+
+run_profile() {
+  ensure_cli || return 1
+  # Nsight Compute on the persistent backward (the table's plan) at the
+  # benchmark shapes, and on the built-in's kernels for comparison.
+  local sections="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis"
+  local shape case
+  : >"$OUT/profile.log"
+  [ -n "${PROFILE_MLX_ONLY:-}" ] ||
+  for shape in "8192 16384" "8192 4096" "4096 16384" "2048 32768" "128 262144" "2880 16384" "16384 8192"; do
+    echo "##### rmsnorm_backward $shape"
+    ncu --clock-control none $sections -k regex:bwd_persistent --launch-skip 1 --launch-count 1 \
+      ./build/cuda/rmsnorm_backward $shape 2 2>&1 | grep -v "^==PROF==" | grep -vi "^  *-\+ *$"
+  done >>"$OUT/profile.log" 2>&1
+  # Through MLX: the built-in's backward, and both forwards where ours trails the built-in.
+  if ensure_built; then
+    for case in "bwd builtin 16384 8192 rms_norm" "fwd ours 32768 2048 fwd_rows" \
+                "fwd builtin 32768 2048 rms_norm" "fwd ours 16384 8192 fwd_rows" \
+                "fwd builtin 16384 8192 rms_norm"; do
+      set -- $case
+      echo "##### $1 $2 $3x$4"
+      ncu --clock-control none $sections -k regex:$5 --launch-skip 1 --launch-count 1 \
+        python3 scripts/profile_case.py $1 $2 $3 $4 2>&1 | grep -v "^==PROF==" | grep -vi "^  *-\+ *$"
+    done >>"$OUT/profile.log" 2>&1
+  fi
+  grep -E "^#####|bwd_persistent|fwd_rows|rms_norm|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Memory Throughput|Stall|Warp Cycles Per Issued" "$OUT/profile.log" | head -150
+}
+
+run_decode() {
+  ensure_built || return 1
+  timeout "$(cap 150)" python3 scripts/decode_kernels.py 2>&1 | tee "$OUT/decode-kernels.txt"
+  return "${PIPESTATUS[0]}"
+}
+
+run_calls() {
+  ensure_built || return 1
+  timeout "$(cap 200)" python3 scripts/cuda_calls.py --out "$OUT/cuda-calls.txt" --scenarios \
+    fwd1-1x1024,bwd1-8192x2048,bwd20-8192x1024,decode-qwen3-0.6b,decode-llama-3-8b,train-qwen3-0.6b,train-llama-8b-slice-frozen \
+    2>&1 | grep "^##"
+  return "${PIPESTATUS[0]}"
+}
+
+HOST_ARGS=(--shapes 1x1x1024,1x1x16x128,1x1x4096 --calls 200 --repeats 10)
+run_host() {
+  ensure_built || return 1
+  timeout "$(cap 60)" python3 scripts/host_overhead.py "${HOST_ARGS[@]}" 2>&1 \
+    | tee "$OUT/host-overhead.txt" | grep -E "calls per eval|^fwd|^bwd"
+  return "${PIPESTATUS[0]}"
+}
+
+run_minsize() {
+  ensure_built || return 1
+  # The same tree with nanobind's default -Os over the whole module, built
+  # into /tmp/ext-Os (a copy of the tree, not an editable install).
+  rm -rf /tmp/src-Os /tmp/ext-Os && cp -r "$ROOT" /tmp/src-Os && rm -rf /tmp/src-Os/build
+  sed -i 's/ NOMINSIZE//' /tmp/src-Os/CMakeLists.txt
+  (cd /tmp/src-Os && CMAKE_BUILD_PARALLEL_LEVEL=16 timeout "$(cap 300)" python3 -m pip install -q \
+     --no-build-isolation --no-deps --target /tmp/ext-Os . >/tmp/build-Os.log 2>&1) \
+    || { tail -40 /tmp/build-Os.log; return 1; }
+  local rep v path
+  for rep in 1 2; do
+    for v in Os O3; do
+      path=""; [ "$v" = Os ] && path=/tmp/ext-Os
+      echo "--- build $v, pass $rep"
+      (cd /tmp && PYTHONPATH="$path" timeout 60 python3 "$ROOT/scripts/host_overhead.py" "${HOST_ARGS[@]}")
+    done
+  done 2>&1 | tee "$OUT/host-overhead-Os-vs-O3.log" | grep -E "^---|^fwd|^bwd|^x \+|calls per eval"
+  for v in Os O3; do
+    path=""; [ "$v" = Os ] && path=/tmp/ext-Os
+    echo "--- build $v"
+    (cd /tmp && PYTHONPATH="$path" timeout "$(cap 120)" python3 -m mlx_rmsnorm.bench --generate \
+       --out "/tmp/bench-$v" 2>&1 | grep -v "generate:")
+  done 2>&1 | tee "$OUT/generate-Os-vs-O3.log" | grep -E "^---|decode|prefill"
+}
+
+run_ptx() {
+  # Other GPU families on this GPU: PTX-only builds for compute_80 and
+  # compute_75, JIT-compiled by the driver, run those families' paths and
+  # plans (gpu_family() must say so). The editable build is left at 75: a
+  # later step in the same run rebuilds it.
+  local fam rc=0
+  for fam in 80 75; do
+    step "PTX build compute_$fam"
+    MLX_RMSNORM_CUDA_ARCHS=${fam}-virtual CMAKE_BUILD_PARALLEL_LEVEL=16 timeout "$(cap 300)" python3 -m pip install \
+      --no-build-isolation --no-deps -e . >/tmp/build$fam.log 2>&1 || { tail -20 /tmp/build$fam.log; rc=1; continue; }
+    (cd /tmp && MLX_RMSNORM_EXPECT_FAMILY=$fam MLX_RMSNORM_HYPOTHESIS_PROFILE=gpu timeout -s INT "$(cap 200)" \
+       python3 -m pytest -q -p no:cacheprovider -rfE $XDIST -m "gpu and not bigmem" "$ROOT/tests" 2>&1) \
+      | tee "$OUT/tests$fam.log" | tail -3
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+    (cd /tmp && timeout "$(cap 120)" python3 -m mlx_rmsnorm.bench --sections table --repeats 3 --out "$OUT/b$fam" \
+       2>/dev/null >"$OUT/bench$fam.log") || rc=1
+  done
+  built=""
+  return $rc
+}
+
+run_mismatch() {
+  # An 80-real build (no code for this GPU): every entry point must raise the
+  # error that names the GPU and the rebuild command.
+  rm -rf /tmp/arch80 /tmp/t80 && cp -r . /tmp/arch80 && rm -rf /tmp/arch80/build
+  (cd /tmp/arch80 && MLX_RMSNORM_CUDA_ARCHS=80-real timeout "$(cap 300)" python3 -m pip install \
+     --no-build-isolation --no-deps --target /tmp/t80 . >/tmp/build80.log 2>&1) || { tail -20 /tmp/build80.log; return 1; }
+  # (from /tmp: the repo root on sys.path would import the editable build)
+  (cd /tmp && PYTHONPATH=/tmp/t80 python3 "$ROOT/scripts/mismatch_check.py") 2>&1 | tee "$OUT/mismatch.log"
+  return "${PIPESTATUS[0]}"
+}
+
+for s in "${STEPS[@]}"; do
+  step "$s"
+  if (( SECONDS - t0 >= BUDGET - 5 )); then
+    echo "skipped: the budget of $BUDGET s is spent"; failed+=("$s(skipped)"); continue
+  fi
+  "run_${s//-/_}" || failed+=("$s")
+done
+echo
+if [ ${#failed[@]} -eq 0 ]; then
+  echo "=== done in $((SECONDS - t0)) s: ${STEPS[*]}: all passed"
+else
+  echo "=== done in $((SECONDS - t0)) s: failed: ${failed[*]}"
+  exit 1
+fi
