@@ -1,0 +1,959 @@
+"""Every mlx-lm architecture, built tiny, under MLX's built-in norms, under
+``patch()`` and under ``patch(fuse=True)``.
+
+For each model module of the installed ``mlx_lm.models`` (a module with a
+``ModelArgs`` dataclass and a ``Model``) the sweep fills the fields of
+``ModelArgs`` with small values (GENERIC, then the per-module OVERRIDES),
+builds the model with a fixed seed, perturbs every float parameter a little
+(so that no two norm weights are equal and a swapped weight shows), and runs,
+in float32 and in bfloat16 (the float32 parameters cast):
+
+* ``logits``: the forward of one batch without a cache;
+* ``cache``: the same tokens through ``make_prompt_cache``: a prefill, then
+  two one-token decode steps (the logits of all steps, concatenated);
+* ``grad:<param>``: the gradients of a cross-entropy loss with respect to
+  every trainable parameter (``nn.value_and_grad``).
+
+Modes: ``builtin`` (run twice, to know whether the built-in is bitwise
+reproducible), ``patch`` (``patch()``), ``fuse`` (``patch(fuse=True)``) and
+``unpatched`` (the built-in again after ``unpatch()``). Verdicts:
+
+* float32: every quantity within ``FP32_TOL`` (1e-5) relative to the built-in,
+  where relative means ``max|a - b| / max|b|`` (``max|a|`` where b is all 0);
+* bfloat16: the mode as close to float32 as the built-in is: per quantity,
+  r = rms_rel(mode bf16, built-in fp32) / rms_rel(built-in bf16, built-in fp32)
+  (normwise ``||a - b|| / ||b||``); the geometric mean of r over the model's
+  quantities at most ``BF16_MEAN`` (1.1) and every r at most ``BF16_MAX`` (2).
+  The distance of the mode to the built-in (both bf16) over the built-in's own
+  distance is reported beside it (``*_vs_builtin_*``): it sits near sqrt(2) for
+  two equally good roundings, so it makes a poor pass line;
+* ``unpatched`` equals the first built-in run bit for bit where the built-in
+  is reproducible run to run; a built-in that is not, or that raises, is
+  recorded as the built-in's (``builtin_note``), not as a mismatch.
+
+On the CPU, ``patch()`` runs MLX's built-in on CPU streams unless
+``mlx_rmsnorm._patching.route_cpu(True)``; the sweep turns that on (where it
+exists) so that it compares the plugin and not the built-in with itself. On a
+CUDA machine the default device is the GPU and everything runs there.
+
+A model whose float32 built-in forward raises is "not built" (its config is
+not one the model takes, or it does not run here), with the first line of the
+exception; one whose built-in raises only in bfloat16 or only in the cache or
+gradient part is built, and the note says where the built-in raises. Each
+model runs in its own process (``--in-process`` to run them all in this one):
+a model that crashes the interpreter is "not built", with the phase it died in.
+
+CLI::
+
+    python scripts/arch_sweep.py [--quick] [--models a,b] \
+        [--dtypes float32,bfloat16] [--out DIR] [--in-process]
+
+prints a markdown table, the counts (found / built / matched per mode and
+dtype / fused) and what was not built and why, and writes ``arch_sweep.csv``
+and ``arch_sweep.json`` to ``--out``. Exit status 1 when some built model does
+not match. ``tests/test_architectures.py`` runs the quick subset
+(``MLX_RMSNORM_FULL_SWEEP=1``: all of them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import importlib
+import json
+import math
+import os
+import pkgutil
+import re
+import sys
+import tempfile
+import time
+import traceback
+import typing
+from typing import Any, Callable, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+FP32_TOL = 1e-5  # float32: max|mode - built-in| / max|built-in|, every quantity
+# bfloat16: the mode's distance to the built-in's float32 run over the
+# built-in's own (bfloat16 run to float32 run), normwise (rms_rel). Two
+# computations that differ only in rounding land at about the same distance
+# from float32 in different places, so the per-quantity ratio scatters about 1
+# (0.5 to 1.3 in the quick subset); on average over a model's quantities the
+# mode must be as close to float32 as the built-in, and no quantity far off.
+BF16_MEAN = 1.1  # geometric mean over a model's quantities
+BF16_MAX = 2.0  # any one quantity
+BF16_FLOOR = 2.0**-8  # one bfloat16 ulp (relative): below it a ratio of errors means nothing
+MAX_PARAMS = 4_000_000  # a model above this was not made small: refused before allocating
+PERTURB = 0.1  # relative size of the noise added to every float parameter
+
+BATCH, PROMPT, DECODE = 2, 8, 2  # tokens: BATCH x (PROMPT + DECODE)
+SEED = 0
+
+# Small values for the ModelArgs fields most models share. Every field of a
+# model's ModelArgs found here is set (defaults too: many defaults are the full
+# model's sizes), then the model's OVERRIDES.
+GENERIC: dict[str, Any] = {
+    # widths and depth
+    "hidden_size": 64, "d_model": 64, "n_embd": 64, "hidden_dim": 64, "model_dim": 64, "dim": 64,
+    "num_hidden_layers": 2, "n_layers": 2, "n_layer": 2, "num_layers": 2, "num_transformer_layers": 2,
+    "intermediate_size": 128, "ffn_hidden_size": 128, "n_inner": 128, "ff_intermediate_size": 128,
+    "intermediate_size_mlp": 128, "block_dim": 64,
+    "num_attention_heads": 4, "n_heads": 4, "n_head": 4, "num_heads": 4, "num_query_heads": 4,
+    "num_key_value_heads": 2, "n_kv_heads": 2, "num_kv_heads": 2, "num_attention_groups": 2,
+    "head_dim": 16, "vocab_size": 128, "num_vocab": 128, "rotary_dim": 8,
+    "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 16,
+    # norms and positions
+    "rms_norm_eps": 1e-5, "layer_norm_epsilon": 1e-5, "layer_norm_eps": 1e-5, "norm_eps": 1e-5,
+    "layernorm_epsilon": 1e-5, "rope_theta": 10000.0,
+    "max_position_embeddings": 128, "n_positions": 128, "n_ctx": 128, "block_size": 128,
+    "model_max_length": 128, "partial_rotary_factor": 0.5, "rotary_pct": 0.5,
+    "rotary_emb_base": 10000.0, "sliding_window": 4, "sliding_window_pattern": 2,
+    "qk_norm": True, "use_qk_norm": True,
+    # mixture of experts: 4 experts, 2 a token; layer 0 dense where a model has dense layers
+    "num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4, "moe_num_experts": 4,
+    "num_experts_per_tok": 2, "moe_topk": 2, "moe_intermediate_size": 32,
+    "expert_ffn_hidden_size": 32, "shared_expert_intermediate_size": 32,
+    "shared_intermediate_size": 32, "n_shared_experts": 1, "num_shared_experts": 1,
+    "num_shared_expert": 1, "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
+    "routed_scaling_factor": 1.0, "norm_topk_prob": True, "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    # multi-head latent attention
+    "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    # state-space and linear-attention layers
+    "state_size": 8, "ssm_state_size": 8, "conv_kernel": 4, "n_groups": 1, "time_step_rank": 8,
+    "use_conv_bias": True, "conv_bias": False, "conv_L_cache": 3,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+    # scalings some models multiply in (values other than 1 so that they show)
+    "embedding_multiplier": 2.0, "attention_multiplier": 0.25, "residual_multiplier": 0.5,
+    "logits_scaling": 2.0, "scale_emb": 2.0, "scale_depth": 1.4, "dim_model_base": 32,
+    # biases off unless a model asks
+    "attention_bias": False, "mlp_bias": False, "use_bias": False, "tie_word_embeddings": False,
+}
+
+# Where the generic filling does not build a model (or builds one too large),
+# the fields to set for that module. One row a module; the value replaces the
+# generic one.
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "afm7": {"num_kv_reuse_layers": 1},
+    "afmoe": {"layer_types": ["sliding_attention", "full_attention"], "num_dense_layers": 1},
+    "apertus": {"post_norm": False},
+    "baichuan_m1": {"sliding_window_layers": [0], "conv_window": 2},
+    "bailing_hybrid": {"layer_group_size": 2, "group_norm_size": 1},
+    "bailing_moe_linear": {"layer_group_size": 2, "group_norm_size": 1},
+    "deepseek_v2": {"rope_scaling": {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64,
+                                     "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+                                     "mscale_all_dim": 1.0}},
+    "dbrx": {
+        "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
+        "attn_config": {"kv_n_heads": 2, "clip_qkv": 8.0, "rope_theta": 10000.0},
+    },
+    "exaone4": {"sliding_window_pattern": "LG", "rope_scaling": None},
+    "exaone_moe": {
+        "layer_types": ["sliding_attention", "full_attention"],
+        "is_moe_layer": [False, True],
+    },
+    "gear": {"layer_types": ["sliding_attention", "full_attention"]},
+    "gemma3n": {"text_config": {
+        "model_type": "gemma3n", "layer_types": ["sliding_attention", "full_attention"],
+        "num_kv_shared_layers": 0, "activation_sparsity_pattern": [0.0, 0.0],
+        "rope_local_base_freq": 10000.0, "final_logit_softcapping": 30.0,
+        "altup_num_inputs": 2, "altup_coef_clip": 120.0, "altup_correct_scale": True,
+        "altup_active_idx": 0, "laurel_rank": 8}},
+    "gemma4_text": {"global_head_dim": 32, "num_kv_shared_layers": 0, "sliding_window_pattern": 2},
+    "glm4_moe": {"rope_scaling": None},
+    "glm_moe_dsa": {
+        "index_head_dim": 16, "index_n_heads": 2, "index_topk": 4, "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid", "moe_layer_freq": 1,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    },
+    "granitemoehybrid": {"layer_types": ["mamba", "attention"], "mamba_n_heads": 4,
+                         "mamba_d_head": 16, "mamba_n_groups": 1, "mamba_d_state": 8,
+                         "mamba_d_conv": 4, "mamba_expand": 2},
+    "hunyuan": {"rope_scaling": {"alpha": 1000.0, "factor": 1.0, "type": "dynamic"},
+                "use_mixed_mlp_moe": True, "use_cla": False, "cla_share_factor": 2},
+    "jamba": {"attn_layer_offset": 1, "attn_layer_period": 2, "expert_layer_offset": 1,
+              "expert_layer_period": 2, "mamba_d_conv": 4, "mamba_d_state": 8, "mamba_expand": 2},
+    "kimi_k3": {"text_config": {"linear_attn_config": {
+        "num_heads": 4, "head_dim": 16, "kda_layers": [1], "short_conv_kernel_size": 4},
+        "num_experts_per_token": 2, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+        "v_head_dim": 16, "q_lora_rank": 32, "kv_lora_rank": 16}},
+    "kimi_linear": {"linear_attn_config": {"num_heads": 4, "head_dim": 16, "kda_layers": [1],
+                                           "full_attn_layers": [2], "short_conv_kernel_size": 4}},
+    "lfm2": {"block_multiple_of": 16, "block_ffn_dim_multiplier": 1.0,
+             "block_auto_adjust_ff_dim": False, "full_attn_idxs": [1]},
+    "lfm2_moe": {"use_expert_bias": True, "num_dense_layers": 1, "full_attn_idxs": [1]},
+    "llama4_text": {"no_rope_layers": [1, 0]},
+    "llama4": {"text_config": {"model_type": "llama4_text", "attention_chunk_size": 4,
+                               "interleave_moe_layer_step": 2, "rope_scaling": None,
+                               "num_experts_per_tok": 1,
+                               "num_hidden_layers": 4}},  # its loop reads cache[3]
+    "longcat_flash": {"attention_method": "MLA", "zero_expert_type": "identity",
+                      "zero_expert_num": 1, "mla_scale_q_lora": True, "mla_scale_kv_lora": True},
+    "longcat_flash_ngram": {"zero_expert_num": 1, "mla_scale_q_lora": True,
+                            "mla_scale_kv_lora": True},
+    "mamba2": {"time_step_limit": (0.0, float("inf")), "num_heads": 8},
+    "mellum": {"layer_types": ["sliding_attention", "full_attention"],
+               "rope_parameters": {"sliding_attention": {"rope_theta": 10000.0},
+                                   "full_attention": {"rope_theta": 10000.0}}},
+    "mimo_v2_flash": {
+        "hybrid_layer_pattern": [1, 0], "moe_layer_freq": [0, 1],
+        "add_swa_attention_sink_bias": True, "add_full_attention_sink_bias": False,
+        "sliding_window_size": 4, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+        "swa_rope_theta": 10000.0, "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2,
+        "swa_head_dim": 16, "swa_v_head_dim": 16,
+    },
+    "minicpm3": {"rope_scaling": {"original_max_position_embeddings": 64,
+                                  "short_factor": 1.0, "long_factor": 1.0}},
+    "minimax": {"rotary_dim": 8},
+    "ministral3": {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default",
+                                       "llama_4_scaling_beta": 0.1,
+                                       "original_max_position_embeddings": 64}},
+    "nemotron": {"hidden_act": "relu2"},
+    "nemotron-nas": {"block_configs": [
+        {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 1.0}},
+        {"attention": {"replace_with_linear": True}, "ffn": {"ffn_mult": 1.0}}]},
+    "nemotron_h": {"mamba_num_heads": 4, "mamba_head_dim": 16, "mamba_proj_bias": False,
+                   "hybrid_override_pattern": "M*"},
+    "olmo_hybrid": {"linear_allow_neg_eigval": False},
+    "olmo3": {"layer_types": ["sliding_attention", "full_attention"]},
+    "openelm": {"ffn_dim_divisor": 16, "ffn_multipliers": [1.0, 2.0],
+                "num_query_heads": [4, 4], "num_kv_heads": [2, 2]},
+    "phi3small": {"dense_attention_every_n_layers": 2, "gegelu_limit": 20.0},
+    "recurrent_gemma": {"conv1d_width": 4, "logits_soft_cap": 30.0, "attention_window_size": 4,
+                        "block_types": ["recurrent", "attention"]},
+    "rwkv7": {"a_low_rank_dim": 8, "v_low_rank_dim": 8, "gate_low_rank_dim": 8,
+              "decay_low_rank_dim": 8},
+    "spark2_5": {"rope_parameters": {"sliding_attention": {"rope_theta": 10000.0},
+                                     "full_attention": {"rope_theta": 10000.0}}},
+    "stablelm": {"use_qkv_bias": False},
+    # text models behind a multimodal wrapper: the text_config is GENERIC, the
+    # OVERRIDES row of its model_type and these values
+    "gemma3": {"text_config": {"model_type": "gemma3_text"}},
+    "gemma4": {"text_config": {"model_type": "gemma4_text"}},
+    "lfm2-vl": {"text_config": {"model_type": "lfm2"}},
+    "mistral3": {"text_config": {"model_type": "ministral3"}},
+    "muse_spark": {"text_config": {"num_shared_experts": 0,
+        "post_norm_eps": 1e-5, "rope_parameters": {"rope_theta": 10000.0},
+        "layer_rope_theta": [10000.0, 0], "layer_types": ["sliding_attention", "full_attention"],
+        "final_logit_softcapping": 30.0, "output_multiplier": 1.0, "moe_hidden_size": 32,
+        "mlp_layer_types": ["sparse", "sparse"]}},
+}
+
+# Modules of mlx_lm.models that hold no model (helpers imported by models).
+NOT_MODELS = {"activations", "base", "bitlinear_layers", "cache", "gated_delta", "mla",
+              "pipeline", "rope_utils", "ssm", "switch_layers"}
+
+# The CI subset: dense pre-norm (llama, qwen3), Gemma's 1 + w norms (gemma,
+# gemma2, gemma3_text), a mixture of experts (qwen3_moe) and LayerNorm (gpt2).
+QUICK = ["llama", "qwen3", "gemma", "gemma2", "gemma3_text", "qwen3_moe", "gpt2"]
+
+TEXT_ARGS = ("TextArgs", "TextConfig", "TextModelArgs")  # a wrapper's own text args class
+DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
+MODES = ("patch", "fuse")
+
+
+# --- the plugin, guarded for the interfaces that are still landing -----------------
+
+
+def _plugin():
+    import mlx_rmsnorm
+
+    return mlx_rmsnorm
+
+
+def _fuse_module():
+    try:
+        from mlx_rmsnorm import _fuse
+
+        return _fuse
+    except Exception:
+        return None
+
+
+def fuse_counts() -> dict[str, int]:
+    f = _fuse_module()
+    fn = getattr(f, "counts", None) if f is not None else None
+    return dict(fn()) if fn is not None else {}
+
+
+def reset_fuse_counts() -> None:
+    f = _fuse_module()
+    fn = getattr(f, "reset_counts", None) if f is not None else None
+    if fn is not None:
+        fn()
+
+
+def route_cpu(on: bool) -> Optional[bool]:
+    """Make CPU streams run the plugin under patch() (where the switch exists);
+    returns the previous value, None where there is no switch."""
+    try:
+        from mlx_rmsnorm import _patching
+    except Exception:
+        return None
+    fn = getattr(_patching, "route_cpu", None)
+    return fn(on) if fn is not None else None
+
+
+def set_mode(mode: str) -> None:
+    p = _plugin()
+    if mode in ("builtin", "builtin2", "unpatched"):
+        p.unpatch()
+    elif mode == "patch":
+        p.unpatch()
+        p.patch()
+    elif mode == "fuse":
+        p.unpatch()
+        p.patch(fuse=True)
+    else:
+        raise ValueError(mode)
+
+
+# --- discovering and building ---------------------------------------------------------
+
+
+def discover() -> list[str]:
+    """The module names of mlx_lm.models that may hold a model (all but helpers)."""
+    import mlx_lm.models as models
+
+    names = [m.name for m in pkgutil.iter_modules(models.__path__)]
+    return sorted(n for n in names if n not in NOT_MODELS)
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:200]
+
+
+def _import_model_module(name: str):
+    try:
+        return importlib.import_module(f"mlx_lm.models.{name}")
+    except SystemExit as e:  # olmo.py exits when ai2-olmo is missing
+        raise ImportError(f"import exits ({e.code}): needs a package not installed") from None
+
+
+def _type_default(annotation: Any) -> Any:
+    """A small value for a required field the tables do not know, by its type."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union and type(None) in typing.get_args(annotation):
+        return None
+    if annotation in (bool, "bool"):
+        return False
+    if annotation in (int, "int"):
+        return 2
+    if annotation in (float, "float"):
+        return 1.0
+    if origin in (list, typing.List) or annotation is list:
+        return []
+    if origin in (dict, typing.Dict) or annotation is dict:
+        return {}
+    raise ValueError(f"no small value for a field of type {annotation!r}")
+
+
+def small_config(name: str, model_type: Optional[str] = None, args_cls: Any = None) -> dict:
+    """The config dict (as in a checkpoint's config.json) of a tiny `name`."""
+    mod = _import_model_module(name)
+    if args_cls is None:
+        args_cls = getattr(mod, "ModelArgs")
+    if not dataclasses.is_dataclass(args_cls):
+        raise TypeError(f"{name}.ModelArgs is not a dataclass")
+    over = OVERRIDES.get(name, {})
+    config: dict[str, Any] = {"model_type": model_type or name}
+    for f in dataclasses.fields(args_cls):
+        if f.name == "model_type":
+            continue
+        if f.name in over:
+            continue
+        if f.name in GENERIC:
+            config[f.name] = GENERIC[f.name]
+        elif f.name == "text_config":
+            config[f.name] = _text_config(mod, {"model_type": name})
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            config[f.name] = _type_default(f.type)
+    for key, value in over.items():
+        if key == "text_config":
+            value = _text_config(mod, {"model_type": name, **value})
+        config[key] = value
+    return config
+
+
+def _text_config(mod: Any, inner: dict) -> dict:
+    """A wrapper's small text_config: every GENERIC value (the inner args
+    class's from_dict keeps the fields it has), small values for the required
+    fields of the module's own text args class where it has one, the OVERRIDES
+    row of the inner model_type and the wrapper's own values."""
+    config = dict(GENERIC)
+    for attr in TEXT_ARGS:
+        cls = getattr(mod, attr, None)
+        if dataclasses.is_dataclass(cls):
+            for f in dataclasses.fields(cls):
+                if (f.name not in GENERIC and f.default is dataclasses.MISSING
+                        and f.default_factory is dataclasses.MISSING):
+                    try:
+                        config[f.name] = _type_default(f.type)
+                    except ValueError:
+                        pass  # the row must give it
+            break
+    row = {k: v for k, v in OVERRIDES.get(inner.get("model_type", ""), {}).items() if k != "text_config"}
+    return {**config, **row, **inner}
+
+
+def _jsonable(config: dict) -> dict:
+    return json.loads(json.dumps(config, default=str))
+
+
+def perturb(model: nn.Module, key: mx.array) -> None:
+    """Adds noise of PERTURB x (the parameter's std, or 1 where it is constant)
+    to every float parameter: equal norm weights (all ones) would hide a
+    swapped weight."""
+    flat = tree_flatten(model.parameters())
+    keys = mx.random.split(key, max(len(flat), 1))
+    new = []
+    for (path, p), k in zip(flat, keys):
+        if not mx.issubdtype(p.dtype, mx.floating) or p.size == 0:
+            continue
+        p32 = p.astype(mx.float32)
+        std = mx.std(p32).item() if p.size > 1 else 0.0
+        scale = PERTURB * (std if std > 0 else 1.0)
+        new.append((path, (p32 + scale * mx.random.normal(p.shape, key=k)).astype(p.dtype)))
+    model.update(tree_unflatten(new))
+
+
+def build(name: str) -> tuple[nn.Module, dict]:
+    """A tiny `name` model in float32, seeded, perturbed, evaluated."""
+    mod = _import_model_module(name)
+    if not hasattr(mod, "Model") or not hasattr(mod, "ModelArgs"):
+        raise TypeError("no Model / ModelArgs")
+    config = small_config(name)
+    args = mod.ModelArgs.from_dict(config)
+    mx.random.seed(SEED)
+    model = mod.Model(args)  # MLX is lazy: nothing is allocated before the eval below
+    size = n_params(model)
+    if size > MAX_PARAMS:
+        raise ValueError(f"too large: {size} parameters (a size field the small values miss)")
+    model.set_dtype(mx.float32)
+    perturb(model, mx.random.key(SEED + 1))
+    mx.eval(model.parameters())
+    return model, config
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.size for _, p in tree_flatten(model.parameters()))
+
+
+# --- running one mode ---------------------------------------------------------------------
+
+PLUGIN_NODES = ("RMSNormPlugin", "AddRMSNormPlugin", "LayerNormPlugin")
+
+
+def plugin_nodes(out: mx.array) -> dict[str, int]:
+    """How many plugin primitives the graph of `out` holds, by name."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "graph.dot")
+        mx.export_to_dot(path, out)
+        with open(path) as f:
+            text = f.read()
+    return {n: len(re.findall(rf"\b{n}\b", text)) for n in PLUGIN_NODES}
+
+
+def _logits(out: Any) -> mx.array:
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    if not isinstance(out, mx.array):
+        out = getattr(out, "logits", out)
+    return out
+
+
+def run_mode(model: nn.Module, tokens: mx.array, count_nodes: bool = False) -> dict:
+    """The model's logits (no cache), logits through a prompt cache and the
+    gradients of a loss, each an array or the exception it raised."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    result: dict[str, Any] = {}
+    reset_fuse_counts()
+    try:
+        logits = _logits(model(tokens))
+        if count_nodes:
+            result["nodes"] = plugin_nodes(logits)
+        mx.eval(logits)
+        result["logits"] = logits
+    except Exception as e:
+        result["logits"] = e
+    result["fused_forward"] = fuse_counts()
+
+    try:
+        cache = make_prompt_cache(model)
+        outs = [_logits(model(tokens[:, :PROMPT], cache=cache))]
+        mx.eval(outs[-1])
+        for i in range(PROMPT, PROMPT + DECODE):
+            outs.append(_logits(model(tokens[:, i : i + 1], cache=cache)))
+            mx.eval(outs[-1])
+        result["cache"] = mx.concatenate(outs, axis=1)
+    except Exception as e:
+        result["cache"] = e
+
+    def loss_fn(m, x, y):
+        return nn.losses.cross_entropy(_logits(m(x)).astype(mx.float32), y).mean()
+
+    try:
+        loss, grads = nn.value_and_grad(model, loss_fn)(model, tokens[:, :-1], tokens[:, 1:])
+        flat = dict(tree_flatten(grads))
+        mx.eval(loss, flat)
+        result["grads"] = flat
+    except Exception as e:
+        result["grads"] = e
+    result["fused_all"] = fuse_counts()
+    return result
+
+
+def quantities(result: dict) -> dict[str, Any]:
+    """name -> array or exception: logits, cache, grad:<param>."""
+    q = {"logits": result["logits"], "cache": result["cache"]}
+    g = result["grads"]
+    if isinstance(g, Exception):
+        q["grads"] = g
+    else:
+        q.update({f"grad:{k}": v for k, v in g.items()})
+    return q
+
+
+def rel(a: mx.array, b: mx.array) -> float:
+    """max|a - b| / max|b| in float32 (max|a - b| where b is all 0)."""
+    a = a.astype(mx.float32)
+    b = b.astype(mx.float32)
+    if a.shape != b.shape:
+        return math.inf
+    if a.size == 0:
+        return 0.0
+    diff = mx.max(mx.abs(a - b)).item()
+    ref = mx.max(mx.abs(b)).item()
+    if math.isnan(diff):
+        both_nan = mx.array_equal(mx.isnan(a), mx.isnan(b)).item()
+        finite = mx.where(mx.isnan(b), 0.0, b), mx.where(mx.isnan(a), 0.0, a)
+        return rel(finite[1], finite[0]) if both_nan else math.inf
+    return diff / ref if ref > 0 else diff
+
+
+def rms_rel(a: mx.array, b: mx.array) -> float:
+    """||a - b||_2 / ||b||_2 in float32 (||a - b||_2 where b is all 0): the
+    bfloat16 measure, an average over the elements, where the max of a small
+    tensor's error hangs on a single rounding."""
+    a = a.astype(mx.float32)
+    b = b.astype(mx.float32)
+    if a.shape != b.shape:
+        return math.inf
+    if a.size == 0:
+        return 0.0
+    diff = mx.sqrt(mx.sum(mx.square(a - b))).item()
+    ref = mx.sqrt(mx.sum(mx.square(b))).item()
+    return diff / ref if ref > 0 else diff
+
+
+def bitwise_equal(x: dict, y: dict) -> Optional[bool]:
+    """Whether every quantity of two runs is equal bit for bit; None where a
+    quantity raised in either."""
+    if x.keys() != y.keys():
+        return False
+    for k in x:
+        a, b = x[k], y[k]
+        if isinstance(a, Exception) or isinstance(b, Exception):
+            return None
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if not mx.array_equal(a, b, equal_nan=True).item():
+            return False
+    return True
+
+
+# --- one model ----------------------------------------------------------------------------
+
+
+def sweep_model(name: str, dtypes: list[str], progress: Callable[[str], None] = lambda s: None) -> list[dict]:
+    """The rows (one a dtype) of one model module."""
+    base = {"model": name, "found": True}
+    try:
+        model, config = build(name)
+    except Exception as e:
+        return [dict(base, dtype=d, built=False, why=first_line(e)) for d in dtypes]
+    base.update(built=True, why="", params=n_params(model), layers=len(getattr(model, "layers", []) or []))
+    fp32_params = tree_flatten(model.parameters())
+    mx.random.seed(SEED + 2)
+    vocab = config.get("vocab_size", GENERIC["vocab_size"])
+    tokens = mx.random.randint(0, vocab, (BATCH, PROMPT + DECODE), key=mx.random.key(SEED + 2))
+
+    rows = []
+    builtin_fp32 = None
+    for dname in dtypes:
+        dtype = DTYPES[dname]
+        model.update(tree_unflatten([(k, v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v)
+                                     for k, v in fp32_params]))
+        mx.eval(model.parameters())
+        row = dict(base, dtype=dname)
+        runs = {}
+        for mode in ("builtin", "builtin2", "patch", "fuse", "unpatched"):
+            progress(f"{name} {dname} {mode}")
+            set_mode(mode)
+            try:
+                runs[mode] = run_mode(model, tokens, count_nodes=mode in MODES)
+            finally:
+                set_mode("builtin")
+        if dname == "float32" and isinstance(runs["builtin"]["logits"], Exception):
+            # a config the model does not take (or a model that does not run here)
+            why = f"built-in forward raises: {first_line(runs['builtin']['logits'])}"
+            model.update(tree_unflatten(fp32_params))
+            return [dict(base, dtype=d, built=False, why=why) for d in dtypes]
+        q = {m: quantities(r) for m, r in runs.items()}
+        if dname == "float32":
+            builtin_fp32 = q["builtin"]
+        row.update(judge(q, dname, builtin_fp32))
+        for mode in MODES:
+            row[f"{mode}_nodes"] = runs[mode].get("nodes", {})
+        row["fused_forward"] = runs["fuse"]["fused_forward"].get("fused", 0)
+        row["fused_all"] = runs["fuse"]["fused_all"].get("fused", 0)
+        row["fallbacks"] = {k[len("fallback:"):]: v for k, v in runs["fuse"]["fused_all"].items()
+                            if k.startswith("fallback:")}
+        row["patch_fused"] = runs["patch"]["fused_all"].get("fused", 0)  # must be 0
+        rows.append(row)
+    model.update(tree_unflatten(fp32_params))
+    return rows
+
+
+def judge(q: dict, dname: str, builtin_fp32: Optional[dict]) -> dict:
+    """The verdicts of one model and dtype from the quantities of every run."""
+    out: dict[str, Any] = {}
+    ref = q["builtin"]
+    broken = {k: first_line(v) for k, v in ref.items() if isinstance(v, Exception)}
+    notes = []
+    if broken:
+        where = sorted({k.split(":")[0] for k in broken})
+        notes.append(f"built-in raises in {', '.join(where)}: {next(iter(broken.values()))}")
+    not_repro = [k for k in ref if not isinstance(ref[k], Exception)
+                 and not isinstance(q["builtin2"][k], Exception)
+                 and not mx.array_equal(ref[k], q["builtin2"][k], equal_nan=True).item()]
+    if not_repro:
+        k = not_repro[0]
+        notes.append(f"built-in not reproducible in {len(not_repro)} of {len(ref)} quantities "
+                     f"(first {k}: {rel(q['builtin2'][k], ref[k]):.2e})")
+    out["builtin_reproducible"] = not not_repro
+    out["builtin_runs"] = not isinstance(ref["logits"], Exception)
+    out["builtin_note"] = "; ".join(notes)
+
+    for mode in MODES:
+        errors = []
+        worst, worst_k = 0.0, ""  # fp32: max rel; bf16: max ratio to the built-in's own error
+        ratios, ratios_b = [], []  # bf16: per quantity, vs fp32 and vs the built-in
+        compared = 0
+        for k, b in ref.items():
+            a = q[mode][k]
+            if isinstance(b, Exception):
+                continue  # the built-in's
+            if isinstance(a, Exception):
+                errors.append(f"{k}: {first_line(a)}")
+                continue
+            if dname == "float32":
+                d = rel(a, b)
+            else:
+                f32 = builtin_fp32.get(k) if builtin_fp32 else None
+                if f32 is None or isinstance(f32, Exception):
+                    continue
+                own = max(rms_rel(b, f32), BF16_FLOOR)
+                d = rms_rel(a, f32) / own
+                ratios.append(d)
+                ratios_b.append(rms_rel(a, b) / own)
+            compared += 1
+            if not d <= worst:  # NaN counts as worst
+                worst, worst_k = d, k
+        if dname == "float32":
+            ok = not errors and worst <= FP32_TOL
+        else:
+            mean = _gmean(ratios)
+            out[f"{mode}_gmean"] = mean
+            out[f"{mode}_vs_builtin_max"] = max(ratios_b, default=0.0)
+            out[f"{mode}_vs_builtin_gmean"] = _gmean(ratios_b)
+            ok = not errors and worst <= BF16_MAX and mean <= BF16_MEAN
+        out[f"{mode}_match"] = ok if compared or errors else None  # None: nothing to compare
+        out[f"{mode}_compared"] = compared
+        out[f"{mode}_worst"] = worst
+        out[f"{mode}_worst_at"] = worst_k
+        out[f"{mode}_error"] = errors[0] if errors else ""
+        out[f"{mode}_errors"] = len(errors)
+
+    comparable = [k for k, v in ref.items()
+                  if not isinstance(v, Exception) and not isinstance(q["unpatched"][k], Exception)]
+    after_rel = max((rel(q["unpatched"][k], ref[k]) for k in comparable), default=0.0)
+    if not out["builtin_reproducible"] or broken:
+        out["unpatch_bitwise"] = "n/a"  # the built-in is not reproducible itself (or raises)
+    else:
+        out["unpatch_bitwise"] = bool(bitwise_equal(ref, q["unpatched"]))
+    out["unpatch_rel"] = after_rel
+    return out
+
+
+def _gmean(xs: list[float]) -> float:
+    if not xs:
+        return 0.0
+    if any(math.isnan(x) or math.isinf(x) for x in xs):
+        return math.inf
+    return math.exp(sum(math.log(max(x, 1e-30)) for x in xs) / len(xs))
+
+
+# --- the whole sweep ------------------------------------------------------------------
+
+
+def sweep_one(name: str, dtypes: list[str], progress: Callable[[str], None] = lambda s: None) -> list[dict]:
+    """sweep_model in this process, with the CPU routing on, never raising."""
+    was_routed = route_cpu(True)
+    t0 = time.perf_counter()
+    try:
+        rows = sweep_model(name, dtypes, progress=progress)
+    except Exception as e:  # a failure of the sweep itself: say so, go on
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        rows = [{"model": name, "found": True, "built": False, "dtype": d,
+                 "why": f"sweep error: {first_line(e)} ({os.path.basename(where.filename)}:{where.lineno})"}
+                for d in dtypes]
+    finally:
+        _plugin().unpatch()
+        if was_routed is not None:
+            route_cpu(was_routed)
+        mx.clear_cache()
+    for r in rows:
+        r["seconds"] = round(time.perf_counter() - t0, 2)
+    return rows
+
+
+WORKER_MARK = "ARCH_SWEEP_ROWS "
+
+
+def sweep_isolated(name: str, dtypes: list[str], timeout: float = 900,
+                   progress: Callable[[str], None] = lambda s: None) -> list[dict]:
+    """sweep_one in a child process: a model that crashes the interpreter
+    (phi3small's forward is a segmentation fault in MLX 0.32.4's CPU build) or
+    hangs is recorded as not built, with the phase it died in."""
+    import signal
+    import subprocess
+
+    progress(f"{name}")
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, "--dtypes", ",".join(dtypes)]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        phase = _last_phase(err)
+        return [{"model": name, "found": True, "built": False, "dtype": d,
+                 "why": f"timed out after {timeout:.0f} s in {phase}"} for d in dtypes]
+    for line in p.stdout.splitlines():
+        if line.startswith(WORKER_MARK):
+            return json.loads(line[len(WORKER_MARK):])
+    if p.returncode < 0:
+        try:
+            died = f"signal {-p.returncode} ({signal.Signals(-p.returncode).name})"
+        except ValueError:
+            died = f"signal {-p.returncode}"
+    else:
+        tail = [l for l in p.stderr.strip().splitlines() if l.strip()]
+        died = f"exit {p.returncode}: {tail[-1][:160] if tail else ''}"
+    phase = _last_phase(p.stderr)
+    return [{"model": name, "found": True, "built": False, "dtype": d,
+             "why": f"the process died in {phase}: {died}",
+             "seconds": round(time.perf_counter() - t0, 2)} for d in dtypes]
+
+
+def _last_phase(stderr: str) -> str:
+    phases = [l[len("phase: "):] for l in stderr.splitlines() if l.startswith("phase: ")]
+    return phases[-1] if phases else "start-up"
+
+
+def sweep(names: list[str], dtypes: list[str], show_progress: bool = True,
+          isolate: bool = True) -> list[dict]:
+    """Every model of `names` (each in its own process with `isolate`)."""
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(names, disable=not show_progress, file=sys.stderr, dynamic_ncols=True)
+    except ImportError:
+        bar = names
+    set_desc = getattr(bar, "set_description_str", lambda s: None)
+    rows: list[dict] = []
+    for name in bar:
+        if isolate:
+            rows.extend(sweep_isolated(name, dtypes, progress=set_desc))
+        else:
+            rows.extend(sweep_one(name, dtypes, progress=set_desc))
+    return rows
+
+
+def mismatches(rows: list[dict]) -> list[dict]:
+    """The built rows where a mode does not match the built-in, or the built-in
+    after unpatch() is not the first built-in run."""
+    return [r for r in rows if r.get("built") and (
+        r.get("patch_match") is False or r.get("fuse_match") is False
+        or r.get("unpatch_bitwise") is False)]
+
+
+def summary(rows: list[dict], dtypes: list[str]) -> dict:
+    models = sorted({r["model"] for r in rows})
+    built = sorted({r["model"] for r in rows if r.get("built")})
+    s: dict[str, Any] = {"found": len(models), "built": len(built), "not_built": {}}
+    for r in rows:
+        if not r.get("built"):
+            s["not_built"][r["model"]] = r.get("why", "")
+    for d in dtypes:
+        dr = [r for r in rows if r.get("built") and r["dtype"] == d]
+        s[d] = {
+            "compared": sum(bool(r.get("builtin_runs")) for r in dr),
+            "matched_patch": sum(bool(r.get("patch_match")) for r in dr),
+            "matched_fuse": sum(bool(r.get("fuse_match")) for r in dr),
+            "fused_models": sum(r.get("fused_forward", 0) > 0 for r in dr),
+            "fused_blocks": sum(r.get("fused_forward", 0) for r in dr),
+            "builtin_not_reproducible": sum(not r.get("builtin_reproducible", True) for r in dr),
+            "builtin_raises": sum(bool(r.get("builtin_note", "").startswith("built-in raises")) for r in dr),
+            "unpatch_bitwise_ok": sum(r.get("unpatch_bitwise") is True for r in dr),
+            "unpatch_bitwise_checked": sum(r.get("unpatch_bitwise") in (True, False) for r in dr),
+        }
+    return s
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        return "inf" if math.isinf(x) else f"{x:.2e}"
+    return str(x)
+
+
+def markdown(rows: list[dict], dtypes: list[str]) -> str:
+    head = ("| model | dtype | params | patch() | fuse=True | fused blocks (fwd) | "
+            "plugin nodes (a: add, l: LayerNorm) patch / fuse | unpatch bitwise | built-in note |")
+    lines = [
+        "patch() / fuse=True: float32 the worst max|a - b| / max|b| against the built-in; "
+        "bfloat16 the geometric mean / max over quantities of the distance to float32 "
+        "over the built-in's own (normwise).",
+        "",
+        head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        if not r.get("built"):
+            continue
+        def verdict(mode):
+            w = _fmt(r.get(f"{mode}_worst", 0.0))
+            if r["dtype"] != "float32":
+                w = f"{r.get(f'{mode}_gmean', 0.0):.2f}/{r.get(f'{mode}_worst', 0.0):.2f}"
+            if r.get(f"{mode}_match") is None:
+                return "n/a"
+            tag = "ok" if r.get(f"{mode}_match") else "**MISMATCH**"
+            err = r.get(f"{mode}_error", "")
+            extra = "" if r.get(f"{mode}_match") else f" ({r.get(f'{mode}_worst_at', '')})"
+            if err:
+                extra = f" ({err[:60]})"
+            return f"{tag} {w}{extra}"
+
+        def nodes(mode):
+            n = r.get(f"{mode}_nodes", {})
+            if not n:
+                return "-"
+            parts = [f"{n.get(k, 0)}{tag}" for k, tag in
+                     (("RMSNormPlugin", ""), ("AddRMSNormPlugin", "a"), ("LayerNormPlugin", "l"))
+                     if n.get(k, 0) or k == "RMSNormPlugin"]
+            return "+".join(parts)
+
+        fb = ", ".join(f"{k} x{v}" for k, v in r.get("fallbacks", {}).items())
+        lines.append(
+            f"| {r['model']} | {r['dtype']} | {r.get('params', '')} | {verdict('patch')} | "
+            f"{verdict('fuse')} | {r.get('fused_forward', 0)}{' (' + fb + ')' if fb else ''} | "
+            f"{nodes('patch')} / {nodes('fuse')} | {r.get('unpatch_bitwise', '')} | "
+            f"{r.get('builtin_note', '')[:80]} |"
+        )
+    s = summary(rows, dtypes)
+    lines.append("")
+    lines.append(f"found {s['found']}, built {s['built']}")
+    for d in dtypes:
+        t = s[d]
+        lines.append(
+            f"{d}: built-in runs {t['compared']}/{s['built']}; "
+            f"matched patch() {t['matched_patch']}/{s['built']}, "
+            f"patch(fuse=True) {t['matched_fuse']}/{s['built']}; fused: {t['fused_models']} models "
+            f"({t['fused_blocks']} blocks in one forward each); built-in not reproducible "
+            f"{t['builtin_not_reproducible']}, raises {t['builtin_raises']}; unpatch() bitwise "
+            f"{t['unpatch_bitwise_ok']}/{t['unpatch_bitwise_checked']}"
+        )
+    if s["not_built"]:
+        lines.append("")
+        lines.append("not built:")
+        for m, why in sorted(s["not_built"].items()):
+            lines.append(f"- {m}: {why}")
+    return "\n".join(lines)
+
+
+def write(rows: list[dict], dtypes: list[str], out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    flat_rows = []
+    keys: list[str] = []
+    for r in rows:
+        f = {k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()}
+        flat_rows.append(f)
+        keys += [k for k in f if k not in keys]
+    with open(os.path.join(out, "arch_sweep.csv"), "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=keys)
+        w.writeheader()
+        w.writerows(flat_rows)
+    import mlx_lm
+
+    meta = {
+        "mlx": mx.__version__, "mlx_lm": getattr(mlx_lm, "__version__", "?"),
+        "device": str(mx.default_device()), "dtypes": dtypes,
+        "fp32_tol": FP32_TOL, "bf16_mean": BF16_MEAN, "bf16_max": BF16_MAX,
+        "bf16_floor": BF16_FLOOR,
+        "summary": summary(rows, dtypes), "rows": rows,
+    }
+    with open(os.path.join(out, "arch_sweep.json"), "w") as fh:
+        json.dump(meta, fh, indent=1, default=_fmt)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
+    ap.add_argument("--models", default="", help="comma-separated module names")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--out", default="", help="folder for arch_sweep.csv / .json")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run every model in this process (a model that crashes ends the sweep)")
+    ap.add_argument("--worker", default="", help=argparse.SUPPRESS)  # one model, rows as JSON
+    a = ap.parse_args(argv)
+    dtypes = [d for d in a.dtypes.split(",") if d]
+    for d in dtypes:
+        if d not in DTYPES:
+            ap.error(f"--dtypes: {d!r} is not one of {', '.join(DTYPES)}")
+    if "bfloat16" in dtypes:  # judged against the built-in's float32 run: that one first
+        dtypes = ["float32"] + [d for d in dtypes if d != "float32"]
+    if a.worker:
+        def phase(text: str) -> None:
+            print(f"phase: {text}", file=sys.stderr, flush=True)
+
+        rows = sweep_one(a.worker, dtypes, progress=phase)
+        print(WORKER_MARK + json.dumps(rows, default=_fmt), flush=True)
+        return 0
+    names = discover()
+    if a.models:
+        wanted = [m for m in a.models.split(",") if m]
+        unknown = [m for m in wanted if m not in names]
+        if unknown:
+            ap.error(f"--models: not in mlx_lm.models: {', '.join(unknown)}")
+        names = wanted
+    elif a.quick:
+        names = QUICK
+    print(f"mlx {mx.__version__}, device {mx.default_device()}, {len(names)} modules, dtypes {dtypes}",
+          file=sys.stderr)
+    rows = sweep(names, dtypes, show_progress=not a.no_progress, isolate=not a.in_process)
+    print(markdown(rows, dtypes))
+    if a.out:
+        write(rows, dtypes, a.out)
+    bad = mismatches(rows)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
