@@ -74,8 +74,8 @@ _fuse_after_blocks = False  # the block rewrite the last such block restores
 # What patch() puts on mx.fast: mx.fast's signatures, MLX's own op on a CPU
 # stream (unless route_cpu(True)), ours elsewhere; the choice is made in C++,
 # per call, at no Python cost.
-ROUTED_RMS_NORM = getattr(_ext, "routed_rms_norm", _ext.rms_norm)  # TEMP until csrc lands
-ROUTED_LAYER_NORM = getattr(_ext, "routed_layer_norm", _ext.layer_norm)
+ROUTED_RMS_NORM = _ext.routed_rms_norm
+ROUTED_LAYER_NORM = _ext.routed_layer_norm
 
 
 def _set(on: bool) -> None:
@@ -95,9 +95,7 @@ def route_cpu(on: bool) -> bool:
     default: there ``patch()`` keeps MLX's own op."""
     _check_bool("route_cpu", "on", on)
     with _lock:
-        was = _fuse._cpu_plugin
-        if hasattr(_ext, "_set_route_cpu"):  # TEMP until csrc lands
-            _ext._set_route_cpu(on)
+        was = _ext._set_route_cpu(on)
         _fuse._cpu_plugin = on
         return was
 
