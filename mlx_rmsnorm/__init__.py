@@ -52,6 +52,7 @@ __all__ = [
     "patched",
     "rms_norm",
     "rms_norm_vjp",
+    "route_cpu",
     "trim_device_memory",
     "unpatch",
 ]
@@ -105,6 +106,7 @@ from ._patching import (  # noqa: E402
     is_patched,
     patch,
     patched,
+    route_cpu,
     unpatch,
 )
 
