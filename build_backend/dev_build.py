@@ -85,15 +85,16 @@ def write_stamp(info: dict, nanobind_version: str | None) -> None:
 
 
 def _editable_install_of_this_checkout() -> bool:
-    try:
-        text = md.distribution("mlx-rmsnorm").read_text("direct_url.json")
-    except md.PackageNotFoundError:
-        return False
-    try:
-        url = json.loads(text or "{}")
-    except ValueError:
-        return False
-    return bool(url.get("dir_info", {}).get("editable")) and url.get("url") == ROOT.as_uri()
+    # Every mlx-rmsnorm on the path: the build's own mlx_rmsnorm.egg-info in
+    # the checkout comes first when the checkout is the current folder.
+    for dist in md.distributions(name="mlx-rmsnorm"):
+        try:
+            url = json.loads(dist.read_text("direct_url.json") or "{}")
+        except ValueError:
+            continue
+        if url.get("dir_info", {}).get("editable") and url.get("url") == ROOT.as_uri():
+            return True
+    return False
 
 
 def why_rebuild() -> str | None:

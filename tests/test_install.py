@@ -226,6 +226,8 @@ def test_find_nvcc_prefers_path_then_pip(monkeypatch, tmp_path):
     # the report alone (README): counts the built-in's primitives, unpatched
     ({"MLX_RMSNORM_REPORT": "1"}, True, False, True),
     ({"MLX_RMSNORM_PATCH": "1", "MLX_RMSNORM_REPORT": "1"}, True, True, True),
+    # on a CPU stream patch() keeps MLX's own op unless routed (route_cpu)
+    ({"MLX_RMSNORM_PATCH": "1", "MLX_RMSNORM_REPORT": "1", "MLX_RMSNORM_ROUTE_CPU": "1"}, True, True, True),
 ])
 def test_pth_hook_at_interpreter_start(tmp_path, env, imported, patched, reported):
     b = _backend()
@@ -248,7 +250,11 @@ def test_pth_hook_at_interpreter_start(tmp_path, env, imported, patched, reporte
     assert bool(line) == reported, r.stderr
     if reported:
         assert f"patched={patched} gradient_graphs=1" in line[0]
-        assert ("RMSNormPluginVJP=1" in line[0]) == patched
+        import mlx.core as mx
+
+        on_gpu = mx.default_device() == mx.gpu and mlx_rmsnorm.has_cuda_kernels()
+        ours = patched and (on_gpu or env.get("MLX_RMSNORM_ROUTE_CPU") == "1")
+        assert ("RMSNormPluginVJP=1" in line[0]) == ours
 
 
 def test_run_sh_writes_the_pth_of_a_regular_install():
