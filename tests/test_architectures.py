@@ -1,0 +1,112 @@
+"""mlx-lm architectures built tiny (scripts/arch_sweep.py) give the built-in's
+logits (with and without a KV cache) and gradients under patch() and
+patch(fuse=True), in float32 and bfloat16, and the built-in again after
+unpatch(). The CI runs a representative subset (dense pre-norm, Gemma's 1 + w
+norms, a mixture of experts, LayerNorm); MLX_RMSNORM_FULL_SWEEP=1 runs every
+model module of the installed mlx-lm. Skipped without mlx-lm."""
+
+import os
+import pathlib
+import sys
+
+import mlx.core as mx
+import pytest
+
+import mlx_rmsnorm
+
+pytest.importorskip("mlx_lm.models")
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "scripts"))
+import arch_sweep  # noqa: E402
+
+FULL = os.environ.get("MLX_RMSNORM_FULL_SWEEP") == "1"
+MODELS = arch_sweep.discover() if FULL else arch_sweep.QUICK
+# MoE on the CPU: MLX's GatherMM takes float32 only, so the built-in raises in
+# bfloat16 there (recorded as the built-in's); the subset's MoE runs float32.
+CPU_ONLY = mx.default_device() == mx.cpu
+DTYPES = ["float32", "bfloat16"]
+
+
+@pytest.fixture(scope="module")
+def routed():
+    """Under patch(), CPU streams run the plugin (not MLX's built-in) for the
+    sweep; the previous setting comes back afterwards."""
+    was = arch_sweep.route_cpu(True)
+    yield
+    mlx_rmsnorm.unpatch()
+    if was is not None:
+        arch_sweep.route_cpu(was)
+
+
+def _describe(r):
+    keys = [f"{mode}_{k}" for mode in arch_sweep.MODES
+            for k in ("worst", "worst_at", "fails", "error", "gmean")]
+    keys += ["unpatch_bitwise", "unpatch_rel", "builtin_note", "fallbacks"]
+    return {k: r[k] for k in keys if k in r}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_architecture_matches_builtin(name, routed):
+    if FULL:  # each model in its own process: one that crashes MLX is "not built"
+        rows = arch_sweep.sweep_isolated(name, DTYPES)
+    else:
+        was_patched = mlx_rmsnorm.is_patched()
+        rows = arch_sweep.sweep_model(name, DTYPES)
+        assert mlx_rmsnorm.is_patched() == was_patched and not mlx_rmsnorm.is_fused()
+    if not rows[0]["built"]:
+        if name in arch_sweep.QUICK:
+            pytest.fail(f"{name} did not build: {rows[0]['why']}")
+        pytest.skip(f"not built: {rows[0]['why']}")
+    for r in rows:
+        where = f"{name} {r['dtype']}: {_describe(r)}"
+        if r["dtype"] == "float32":
+            assert r["builtin_runs"], where
+        for mode in arch_sweep.MODES:
+            if r[f"{mode}_match"] is None:  # nothing the built-in computes here
+                assert r["builtin_note"].startswith("built-in raises"), where
+                continue
+            assert r[f"{mode}_match"], where
+            assert r[f"{mode}_compared"] >= 3, where  # logits, cache and >= 1 gradient
+        assert r["unpatch_bitwise"] is not False, where
+        assert r["patch_fused"] == 0, where  # patch() alone fuses nothing
+
+
+def test_quick_subset_compares_the_plugin(routed):
+    """The subset is not vacuous: every model of it runs plugin nodes under
+    patch() in float32, the Gemma and Llama family blocks run fused under
+    patch(fuse=True) where the plugin fuses, and the float32 built-in is
+    reproducible on the CPU (so unpatch() is checked bit for bit)."""
+    fused_family = set(getattr(mlx_rmsnorm, "fused_architectures", lambda: [])())
+    for name in ("llama", "gemma2", "gpt2"):
+        (r,) = arch_sweep.sweep_model(name, ["float32"])
+        assert r["built"], r.get("why")
+        assert sum(r["patch_nodes"].values()) > 0, (name, r["patch_nodes"])
+        if CPU_ONLY:
+            assert r["builtin_reproducible"] and r["unpatch_bitwise"] is True, _describe(r)
+        if name in fused_family:
+            assert r["fused_forward"] == r["layers"], (name, r["fused_forward"], r["fallbacks"])
+        if name == "gpt2":
+            assert r["patch_nodes"].get("LayerNormPlugin", 0) > 0, r["patch_nodes"]
+
+
+def test_a_wrong_norm_is_caught(routed, monkeypatch):
+    """The sweep's comparison fails a norm that is off by a little: with
+    patch() mode running MLX's RMSNorm scaled by 1 + 1e-4, llama in float32 is
+    a mismatch (and the built-in runs stay clean)."""
+    builtin = mx.fast.rms_norm if not mlx_rmsnorm.is_patched() else None
+    assert builtin is not None
+    real_set_mode = arch_sweep.set_mode
+
+    def set_mode(mode):
+        real_set_mode(mode)
+        if mode == "patch":
+            mx.fast.rms_norm = lambda x, w, eps: builtin(x, w, eps) * (1 + 1e-4)
+
+    monkeypatch.setattr(arch_sweep, "set_mode", set_mode)
+    try:
+        (r,) = arch_sweep.sweep_model("llama", ["float32"])
+    finally:
+        mlx_rmsnorm.unpatch()
+    assert mx.fast.rms_norm is builtin
+    assert r["patch_match"] is False and r["patch_worst"] > arch_sweep.FP32_TOL, _describe(r)
+    assert r["fuse_match"] is True and r["unpatch_bitwise"] is True, _describe(r)
