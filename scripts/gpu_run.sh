@@ -36,6 +36,11 @@
 #   bench-table   the nine big shapes
 #   bench-fused   the fused add + norm section (with the Gemma accuracy figures)
 #   bench-ln      the LayerNorm sections
+# One op's whole check (after a change to it)
+#   fused         the fused add: its tests, bench-fused, training steps and decode of
+#                 the Qwen3/Llama shapes under patch(fuse=True), the RMSNorm GPU tests
+#   layernorm     LayerNorm: its tests, bench-ln, the gpt2-medium training step,
+#                 the RMSNorm GPU tests
 # Kernels and the fixed cost of a call
 #   ncu           kernels alone under Nsight Compute: the seed shape and training shapes
 #   profile       Nsight Compute sections of the persistent backward (standalone)
@@ -60,7 +65,7 @@ export PYTHONUNBUFFERED=1
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(build tests)
 KNOWN=" build cli tune tests suite bigmem sanitize memory sweep train transformer trainstep generate bench
-  bench-training bench-table bench-fused bench-ln ncu profile decode calls host minsize ptx mismatch "
+  bench-training bench-table bench-fused bench-ln fused layernorm ncu profile decode calls host minsize ptx mismatch "
 for s in "${STEPS[@]}"; do
   [[ "$KNOWN" == *" $s "* ]] || { echo "unknown step '$s'; steps:$KNOWN" | tr -s ' \n' ' '; echo; exit 2; }
 done
@@ -218,6 +223,34 @@ run_bench_training() { bench bench-training.log 150 --sections training,decode -
 run_bench_table() { bench bench-table.log 120 --sections table --repeats 5; }
 run_bench_fused() { bench bench-fused.log 120 --fused --repeats 5; }
 run_bench_ln() { bench bench-ln.log 150 --sections ln_training,ln_table --repeats 5; }
+
+# the RMSNorm kernels' GPU tests, which the fused add and LayerNorm share code with
+rms_gpu_tests() {
+  pytest_run "$1" 150 $XDIST -m "gpu and not bigmem" "$ROOT/tests/test_gpu.py" "$ROOT/tests/test_numerics.py" \
+    "$ROOT/tests/test_determinism.py"
+}
+
+run_fused() {
+  local rc=0
+  pytest_run tests-fused.log 150 $XDIST --maxfail=10 "$ROOT/tests/test_fused_add.py" "$ROOT/tests/test_fuse.py" || rc=1
+  bench bench-fused.log 120 --fused --repeats 5 --calls 20 --singles 1 || rc=1
+  timeout "$(cap 150)" python3 examples/bench_train_step.py --model qwen3-0.6b,llama-8b-slice --norms trained \
+    --rounds 5 --steps-per-round 4 --decode 32 --norm-reps 3 2>&1 | tee "$OUT/train-fused.log" | tail -14
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  rms_gpu_tests tests-rms.log || rc=1
+  return $rc
+}
+
+run_layernorm() {
+  local rc=0
+  pytest_run tests-ln.log 150 $XDIST --maxfail=10 "$ROOT/tests/test_layer_norm.py" || rc=1
+  bench bench-ln.log 150 --sections ln_training,ln_table --repeats 5 || rc=1
+  timeout "$(cap 150)" python3 examples/bench_train_step.py --model gpt2-medium --norms trained \
+    --rounds 4 --steps-per-round 4 2>&1 | tee "$OUT/train-ln.log" | tail -6
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  rms_gpu_tests tests-rms.log || rc=1
+  return $rc
+}
 
 run_ncu() {
   ensure_built || return 1
