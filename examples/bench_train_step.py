@@ -445,7 +445,7 @@ def main(argv=None):
         args.rounds, args.steps_per_round = min(args.rounds, 2), min(args.steps_per_round, 2)
         args.batch, args.seq, args.vocab, args.norm_reps = 2, 16, 97, 2
 
-    on_gpu = mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels
+    on_gpu = mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels()
     mx.set_default_device(mx.gpu if on_gpu else mx.cpu)
     print(f"device: {mx.default_device()} | bf16, compiled step (value_and_grad + AdamW) | "
           f"{args.batch}x{args.seq} tokens | vocab {args.vocab} | {args.rounds} rounds x "

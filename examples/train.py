@@ -90,7 +90,7 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
-    on_gpu = mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels
+    on_gpu = mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels()
     mx.set_default_device(mx.gpu if on_gpu else mx.cpu)
     args.steps = args.steps or (50 if on_gpu else 20)
     args.batch = args.batch or (4096 if on_gpu else 128)

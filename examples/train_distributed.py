@@ -273,7 +273,7 @@ def main():
     args = p.parse_args()
     resolve_defaults(args)
 
-    on_gpu = mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels
+    on_gpu = mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels()
     if args.device == "gpu" and not on_gpu:
         p.error("--device gpu: MLX has no GPU here, or the plugin was built without CUDA kernels")
     on_gpu = on_gpu and args.device != "cpu"

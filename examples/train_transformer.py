@@ -239,7 +239,7 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
-    on_gpu = mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels
+    on_gpu = mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels()
     mx.set_default_device(mx.gpu if on_gpu else mx.cpu)
     args.dims = args.dims or (512 if on_gpu else 128)
     args.seq = args.seq or (256 if on_gpu else 64)

@@ -61,8 +61,7 @@ __all__ = [
 def has_cuda_kernels() -> bool:
     """Whether this build carries the CUDA kernels (built against MLX's CUDA
     flavor). A GPU run also needs a GPU: ``mx.is_available(mx.gpu)``."""
-    flag = _ext.has_cuda_kernels  # a constant of the module (a function would do too)
-    return bool(flag() if callable(flag) else flag)
+    return bool(_ext.has_cuda_kernels)  # a constant of the extension module
 
 
 class RMSNorm(_nn.RMSNorm):

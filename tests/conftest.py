@@ -15,7 +15,7 @@ os.environ.setdefault("MLX_RMSNORM_ROUTE_CPU", "1")
 
 import mlx_rmsnorm  # noqa: E402
 
-GPU_AVAILABLE = mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels
+GPU_AVAILABLE = mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels()
 
 # Every correctness test runs on the CPU stream, and on the GPU where MLX has
 # CUDA and the plugin was built with its kernels; GPU cases carry the `gpu`

@@ -57,7 +57,7 @@ def test_quick_run_writes_csv_json_png(quick_run):
             assert r["speedup_min"] <= r["speedup_max"]
 
 
-ON_CPU = not (mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels)
+ON_CPU = not (mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels())
 
 
 @pytest.mark.skipif(not ON_CPU, reason="the CPU default")

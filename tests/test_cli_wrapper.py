@@ -19,7 +19,10 @@ REPORT = re.compile(
 
 
 def run(args, cwd, env_extra=None, timeout=600):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_RMSNORM_")}
+    # The suite's MLX_RMSNORM_ROUTE_CPU (conftest) stays: on a CPU stream
+    # patch() runs MLX's own norm without it, and there is nothing to count.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MLX_RMSNORM_") or k == "MLX_RMSNORM_ROUTE_CPU"}
     # One GPU for the child: with two visible, `mlx_lm lora` itself fails
     # (cudaMemcpy(...) failed: invalid argument in mx.array(batch), MLX 0.32.4
     # and mlx-lm 0.32.2 on a 2-GPU H200 machine, with or without the plugin);
@@ -115,7 +118,10 @@ def test_children_see_one_gpu(tmp_path, monkeypatch):
 
 
 def test_usage_errors(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_RMSNORM_")}
+    # The suite's MLX_RMSNORM_ROUTE_CPU (conftest) stays: on a CPU stream
+    # patch() runs MLX's own norm without it, and there is nothing to count.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("MLX_RMSNORM_") or k == "MLX_RMSNORM_ROUTE_CPU"}
     for args in ([], ["--bogus", "x"], ["-m"]):
         r = subprocess.run([sys.executable, "-m", "mlx_rmsnorm", *args], capture_output=True,
                            text=True, env=env, cwd=tmp_path)

@@ -38,7 +38,7 @@ def test_wrong_argument_types_raise_type_error():
         mlx_rmsnorm.rms_norm(x, w, 1e-5, stream="cuda")
 
 
-@pytest.mark.skipif(mlx_rmsnorm.has_cuda_kernels, reason="CPU-flavor build only")
+@pytest.mark.skipif(mlx_rmsnorm.has_cuda_kernels(), reason="CPU-flavor build only")
 def test_gpu_stream_without_kernels_is_a_clear_error():
     if not mx.is_available(mx.gpu):
         with pytest.raises((ValueError, RuntimeError)):
@@ -48,7 +48,7 @@ def test_gpu_stream_without_kernels_is_a_clear_error():
 def test_gpu_family_without_kernels_or_device():
     import mlx_rmsnorm
 
-    if not mlx_rmsnorm.has_cuda_kernels:
+    if not mlx_rmsnorm.has_cuda_kernels():
         assert mlx_rmsnorm.gpu_family() == 0
     else:
         with pytest.raises(RuntimeError, match="no CUDA device"):

@@ -15,7 +15,7 @@ def settle():
     time.sleep(0.05)
 
 
-@pytest.mark.skipif(mlx_rmsnorm.has_cuda_kernels, reason="CPU-flavor build only")
+@pytest.mark.skipif(mlx_rmsnorm.has_cuda_kernels(), reason="CPU-flavor build only")
 def test_no_pool_without_cuda_kernels():
     mx.eval(mlx_rmsnorm.rms_norm(random((4, 8), mx.float32, 1), None, 1e-5))
     assert mlx_rmsnorm.device_memory() == (0, 0)

@@ -203,4 +203,4 @@ def run_generate(args, quick=None):
 def _has_kernels():
     from .. import has_cuda_kernels
 
-    return has_cuda_kernels
+    return has_cuda_kernels()
