@@ -144,6 +144,7 @@ class CMakeBuild(build_ext):
         print(f"mlx-rmsnorm: building against mlx {info['version']} ({info.get('flavor')}) "
               f"at {info['mlx_root']}" + (f", nvcc {nvcc[0]}" if nvcc else ""), flush=True)
         print(f"mlx-rmsnorm: cmake {cmake}, build folder {tmp}", flush=True)
+        before = dev_build.stamp(info, nanobind_version) if keep else None
         try:
             self._configure(cmake, tmp, args)
             print("mlx-rmsnorm: compiling (a line per step)", flush=True)
@@ -164,7 +165,7 @@ class CMakeBuild(build_ext):
                 shutil.rmtree(tmp, ignore_errors=True)
         self._write_build_info(info, out)
         if keep:
-            dev_build.write_stamp(info, nanobind_version)
+            dev_build.write_stamp(before)
 
     @staticmethod
     def _configure(cmake, tmp, args):

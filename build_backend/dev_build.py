@@ -80,8 +80,11 @@ def stamp(info: dict, nanobind_version: str | None) -> str:
     return f"{digest} mlx {info.get('version')} ({info.get('flavor')}), nanobind {nanobind_version}"
 
 
-def write_stamp(info: dict, nanobind_version: str | None) -> None:
-    STAMP.write_text(stamp(info, nanobind_version) + "\n")
+def write_stamp(line: str) -> None:
+    """Records ``line`` (the :func:`stamp` taken *before* the build began: a
+    source saved while the build ran must make the next ./run.sh build again,
+    not be vouched for by a stamp of the tree as it is afterwards)."""
+    STAMP.write_text(line + "\n")
 
 
 def _editable_install_of_this_checkout() -> bool:
