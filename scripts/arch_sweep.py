@@ -949,14 +949,28 @@ def summary(rows: list[dict], dtypes: list[str]) -> dict:
             "compared": sum(bool(r.get("builtin_runs")) for r in dr),
             "matched_patch": sum(bool(r.get("patch_match")) for r in dr),
             "matched_fuse": sum(bool(r.get("fuse_match")) for r in dr),
-            "fused_models": sum(r.get("fused_forward", 0) > 0 for r in dr),
+            "fused_models": sorted(r["model"] for r in dr if r.get("fused_forward", 0) > 0),
             "fused_blocks": sum(r.get("fused_forward", 0) for r in dr),
+            "fallbacks": _add_counts(r.get("fallbacks", {}) for r in dr),
+            "no_plugin_node": sorted(r["model"] for r in dr if r.get("builtin_runs")
+                                     and not sum(r.get("patch_nodes", {}).values())),
+            "decided_by_fp64": sorted(r["model"] for r in dr if r.get("patch_by_fp64")
+                                      or r.get("fuse_by_fp64")),
+            "bf16_noise": sum(r.get("bf16_noise", 0) for r in dr),
             "builtin_not_reproducible": sum(not r.get("builtin_reproducible", True) for r in dr),
             "builtin_raises": sum(bool(r.get("builtin_note", "").startswith("built-in raises")) for r in dr),
             "unpatch_bitwise_ok": sum(r.get("unpatch_bitwise") is True for r in dr),
             "unpatch_bitwise_checked": sum(r.get("unpatch_bitwise") in (True, False) for r in dr),
         }
     return s
+
+
+def _add_counts(dicts: Any) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            total[k] = total.get(k, 0) + v
+    return total
 
 
 def _fmt(x: Any) -> str:
@@ -1013,14 +1027,27 @@ def markdown(rows: list[dict], dtypes: list[str]) -> str:
     lines.append(f"found {s['found']}, built {s['built']}")
     for d in dtypes:
         t = s[d]
+        fb = ", ".join(f"{k} x{v}" for k, v in sorted(t["fallbacks"].items())) or "none"
         lines.append(
-            f"{d}: built-in runs {t['compared']}/{s['built']}; "
-            f"matched patch() {t['matched_patch']}/{s['built']}, "
-            f"patch(fuse=True) {t['matched_fuse']}/{s['built']}; fused: {t['fused_models']} models "
-            f"({t['fused_blocks']} blocks in one forward each); built-in not reproducible "
-            f"{t['builtin_not_reproducible']}, raises {t['builtin_raises']}; unpatch() bitwise "
-            f"{t['unpatch_bitwise_ok']}/{t['unpatch_bitwise_checked']}"
+            f"{d}: the built-in runs in {t['compared']} of {s['built']}; matched "
+            f"patch() {t['matched_patch']}/{t['compared']}, patch(fuse=True) "
+            f"{t['matched_fuse']}/{t['compared']}; built-in not reproducible in "
+            f"{t['builtin_not_reproducible']}, raises (somewhere) in {t['builtin_raises']}; "
+            f"after unpatch() bit for bit {t['unpatch_bitwise_ok']}/{t['unpatch_bitwise_checked']}"
         )
+        lines.append(
+            f"  fused: {len(t['fused_models'])} models, {t['fused_blocks']} blocks in one forward "
+            f"of each ({', '.join(t['fused_models'])}); fallbacks (all runs): {fb}"
+        )
+        extra = []
+        if t["no_plugin_node"]:
+            extra.append(f"no plugin node under patch() (nothing compared): {', '.join(t['no_plugin_node'])}")
+        if t["decided_by_fp64"]:
+            extra.append(f"float64 decided (the built-in itself > 1e-5 off): {', '.join(t['decided_by_fp64'])}")
+        if t["bf16_noise"]:
+            extra.append(f"{t['bf16_noise']} quantities left out as bf16 noise")
+        if extra:
+            lines.append("  " + "; ".join(extra))
     if s["not_built"]:
         lines.append("")
         lines.append("not built:")

@@ -77,13 +77,14 @@ def test_quick_subset_compares_the_plugin(routed):
     patch(fuse=True) where the plugin fuses, and the float32 built-in is
     reproducible on the CPU (so unpatch() is checked bit for bit)."""
     fused_family = set(getattr(mlx_rmsnorm, "fused_architectures", lambda: [])())
+    counted = hasattr(getattr(mlx_rmsnorm, "_fuse", None), "counts")
     for name in ("llama", "gemma2", "gpt2"):
         (r,) = arch_sweep.sweep_model(name, ["float32"])
         assert r["built"], r.get("why")
         assert sum(r["patch_nodes"].values()) > 0, (name, r["patch_nodes"])
         if CPU_ONLY:
             assert r["builtin_reproducible"] and r["unpatch_bitwise"] is True, _describe(r)
-        if name in fused_family:
+        if name in fused_family and counted:
             assert r["fused_forward"] == r["layers"], (name, r["fused_forward"], r["fallbacks"])
         if name == "gpt2":
             assert r["patch_nodes"].get("LayerNormPlugin", 0) > 0, r["patch_nodes"]
