@@ -92,13 +92,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
+# The verdicts' lines (the module's docstring says how they are used). On the
+# CPU (MLX 0.32.4, mlx-lm 0.32.2, 121 models built) the worst seen with the
+# plugin: float32 3.1e-5 (afm7's quant_value_scale gradient, where the built-in
+# is 6.1e-5 from float64 and the plugin 3.0e-5), everything else <= 2.6e-6;
+# bfloat16 geometric mean 1.10, one quantity 1.64.
 FP32_TOL = 1e-5  # float32: max|mode - built-in| / max|built-in|, every quantity
-# bfloat16: the mode's distance to the built-in's float32 run over the
-# built-in's own (bfloat16 run to float32 run), normwise (rms_rel). Two
-# computations that differ only in rounding land at about the same distance
-# from float32 in different places, so the per-quantity ratio scatters about 1
-# (0.5 to 1.3 in the quick subset); on average over a model's quantities the
-# mode must be as close to float32 as the built-in, and no quantity far off.
 BF16_MEAN = 1.25  # geometric mean over a model's quantities and batches
 BF16_MAX = 3.0  # any one quantity (over batches)
 BF16_BATCHES = 3  # token batches in bfloat16
