@@ -909,22 +909,40 @@ def _last_phase(stderr: str) -> str:
 
 
 def sweep(names: list[str], dtypes: list[str], show_progress: bool = True,
-          isolate: bool = True) -> list[dict]:
-    """Every model of `names` (each in its own process with `isolate`)."""
+          isolate: bool = True, jobs: int = 1) -> list[dict]:
+    """Every model of `names` (each in its own process with `isolate`;
+    `jobs` of those processes at a time: on a GPU machine the models are
+    small and the processes' start-up dominates). Rows in `names`' order."""
     try:
         from tqdm import tqdm
 
-        bar = tqdm(names, disable=not show_progress, file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(total=len(names), disable=not show_progress, file=sys.stderr, dynamic_ncols=True)
     except ImportError:
-        bar = names
+        bar = None
     set_desc = getattr(bar, "set_description_str", lambda s: None)
-    rows: list[dict] = []
-    for name in bar:
+
+    def one(name: str) -> list[dict]:
         if isolate:
-            rows.extend(sweep_isolated(name, dtypes, progress=set_desc))
-        else:
-            rows.extend(sweep_one(name, dtypes, progress=set_desc))
-    return rows
+            return sweep_isolated(name, dtypes, progress=set_desc if jobs == 1 else lambda s: None)
+        return sweep_one(name, dtypes, progress=set_desc)
+
+    by_name: dict[str, list[dict]] = {}
+    if isolate and jobs > 1:
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+
+        with ThreadPoolExecutor(jobs) as pool:
+            futures = {pool.submit(one, name): name for name in names}
+            for done in as_completed(futures):
+                by_name[futures[done]] = done.result()
+                set_desc(futures[done])
+                bar is not None and bar.update()
+    else:
+        for name in names:
+            by_name[name] = one(name)
+            bar is not None and bar.update()
+    if bar is not None:
+        bar.close()
+    return [row for name in names for row in by_name[name]]
 
 
 def mismatches(rows: list[dict]) -> list[dict]:
@@ -1089,6 +1107,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--in-process", action="store_true",
                     help="run every model in this process (a model that crashes ends the sweep)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="models swept at once, each in its own process (default 1)")
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)  # one model, rows as JSON
     a = ap.parse_args(argv)
     dtypes = [d for d in a.dtypes.split(",") if d]
@@ -1115,7 +1135,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         names = QUICK
     print(f"mlx {mx.__version__}, device {mx.default_device()}, {len(names)} modules, dtypes {dtypes}",
           file=sys.stderr)
-    rows = sweep(names, dtypes, show_progress=not a.no_progress, isolate=not a.in_process)
+    rows = sweep(names, dtypes, show_progress=not a.no_progress, isolate=not a.in_process, jobs=a.jobs)
     print(markdown(rows, dtypes))
     if a.out:
         write(rows, dtypes, a.out)
