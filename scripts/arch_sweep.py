@@ -927,22 +927,28 @@ def sweep(names: list[str], dtypes: list[str], show_progress: bool = True,
         return sweep_one(name, dtypes, progress=set_desc)
 
     by_name: dict[str, list[dict]] = {}
-    if isolate and jobs > 1:
-        from concurrent.futures import ThreadPoolExecutor, as_completed
+    try:
+        if isolate and jobs > 1:
+            from concurrent.futures import ThreadPoolExecutor, as_completed
 
-        with ThreadPoolExecutor(jobs) as pool:
-            futures = {pool.submit(one, name): name for name in names}
-            for done in as_completed(futures):
-                by_name[futures[done]] = done.result()
-                set_desc(futures[done])
+            pool = ThreadPoolExecutor(jobs)
+            try:
+                futures = {pool.submit(one, name): name for name in names}
+                for done in as_completed(futures):
+                    by_name[futures[done]] = done.result()
+                    set_desc(futures[done])
+                    bar is not None and bar.update()
+            finally:  # on an interrupt: no new models; the running ones end with their timeout
+                pool.shutdown(wait=False, cancel_futures=True)
+        else:
+            for name in names:
+                by_name[name] = one(name)
                 bar is not None and bar.update()
-    else:
-        for name in names:
-            by_name[name] = one(name)
-            bar is not None and bar.update()
+    except KeyboardInterrupt:  # a time limit (SIGINT): the models done so far, said so
+        print(f"interrupted: {len(by_name)} of {len(names)} models swept", file=sys.stderr)
     if bar is not None:
         bar.close()
-    return [row for name in names for row in by_name[name]]
+    return [row for name in names if name in by_name for row in by_name[name]]
 
 
 def mismatches(rows: list[dict]) -> list[dict]:

@@ -180,7 +180,7 @@ run_memory() {
 
 run_sweep() {
   ensure_built || return 1
-  timeout -s INT "$(cap 400)" python3 scripts/arch_sweep.py --out "$OUT/sweep" --no-progress --jobs "${SWEEP_JOBS:-8}" 2>&1 \
+  timeout -s INT -k 20 "$(cap 400)" python3 scripts/arch_sweep.py --out "$OUT/sweep" --no-progress --jobs "${SWEEP_JOBS:-8}" 2>&1 \
     | tee "$OUT/sweep.log" | tail -30
   return "${PIPESTATUS[0]}"
 }
