@@ -43,6 +43,10 @@ struct RowPlan {
   bool bulk = false;  // (backward) whole steps through the bulk copy engine
   int cluster = 1;    // (backward) blocks that share a row
   bool persistent = true;  // (forward) grid = resident blocks
+  int min_steps = 1;  // (LayerNorm backward) steps of rows a unit walks at
+                      // least: caps the grid, so the partial rows, at few rows
+  int min_blocks = 0;  // (LayerNorm backward) blocks a SM that the kernel's
+                       // registers must allow (__launch_bounds__); 0: no cap
 };
 
 // Dynamic shared memory of one persistent-backward block for rows of nvec
@@ -208,19 +212,40 @@ inline constexpr RowPlan kForwardOneWave[] = {
 // mx.fast.layer_norm (the op decides before building the graph, layer_norm.cpp).
 inline constexpr RowPlan kLayerBackwardSm90[] = {
     kBackwardSm90[0], kBackwardSm90[1], kBackwardSm90[2], kBackwardSm90[3],
-    kBackwardSm90[4], kBackwardSm90[5], kBackwardSm90[6], kBackwardSm90[7],
-    kBackwardSm90[8],
-    {1024, 1024, 1024, 1, 3, true},  // N <= 8192 bf16
-    {2048, 1024, 1024, 2, 2, true},  // N <= 16384
+    kBackwardSm90[4],                   // N <= 512 bf16: RMSNorm's rows
+    {128, 128, 32, 4, 2, true},         // N <= 1024: a warp a row, 4 rows a step
+    {256, 256, 128, 2, 2, true},        // N <= 2048: 2 rows a step of 128 x 2
+    {384, 192, 192, 2, 2},              // N <= 3072
+    {512, 256, 256, 2, 2, true},        // N <= 4096
+    kBackwardSm90[8],                   // N <= 5120: RMSNorm's row
+    {1024, 256, 256, 4, 2, true},       // N <= 8192
+    kBackwardSm90[10],                  // N <= 16384: RMSNorm's row
 };
 inline constexpr RowPlan kLayerBackwardSm80[] = {
     kBackwardSm80[0], kBackwardSm80[1], kBackwardSm80[2], kBackwardSm80[3],
-    kBackwardSm80[4], kBackwardSm80[5], kBackwardSm80[6], kBackwardSm80[7],
-    kBackwardSm80[8],
-    {1024, 1024, 1024, 1, 3},
-    {2048, 1024, 1024, 2, 2},
+    kBackwardSm80[4],
+    {128, 128, 32, 4, 2},  {256, 256, 128, 2, 2}, {384, 192, 192, 2, 2},
+    {512, 256, 256, 2, 2}, kBackwardSm80[8],      {1024, 256, 256, 4, 2},
+    kBackwardSm80[10],
 };
-inline constexpr const RowPlan (&kLayerForward)[std::size(kForward)] = kForward;
+// Where a row's stages and the fp32 weight do not fit one block's shared
+// memory (16-bit x with fp32 g past N = 8192), the weight stays in registers
+// (LayerRowWRegs) on this row instead.
+inline constexpr RowPlan kLayerBackwardWRegsSm90[] = {{2048, 1024, 1024, 2, 2, true}};
+inline constexpr RowPlan kLayerBackwardWRegsSm80[] = {{2048, 1024, 1024, 2, 2}};
+// Forward: {max_nvec, block, group, chunks, stages, -, -, persistent, -,
+// min_blocks}.
+inline constexpr RowPlan kLayerForward[] = {
+    kForward[0], kForward[1], kForward[2], kForward[3], kForward[4],  // N <= 512
+    {128, 64, 64, 2, 1, false, 1, kPerStep, 1, 24},      // N <= 1024
+    {256, 128, 128, 2, 1, false, 1, kPerStep, 1, 12},    // N <= 2048
+    {320, 160, 160, 2, 1, false, 1, kPerStep, 1, 10},    // N <= 2560
+    {512, 128, 128, 4, 1, false, 1, kPerStep, 1, 9},     // N <= 4096
+    {640, 160, 160, 4, 1, false, 1, kPerStep, 1, 7},     // N <= 5120
+    {1024, 256, 256, 4, 1, false, 1, kPerStep, 1, 4},    // N <= 8192
+    {2048, 512, 512, 4, 1, false, 1, kPerStep, 1, 2},    // N <= 16384
+    {4096, 1024, 1024, 4, 1, false, 1, kPerStep, 1, 0},  // N <= 32768
+};
 
 // The fused residual add (add_rms_norm) runs the rows above, forward and
 // backward, rather than tables of its own: its row is the norm's row (h takes
