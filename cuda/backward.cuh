@@ -37,10 +37,12 @@ namespace rmsnorm {
 // the last read of it, and completion is signalled on one mbarrier per stage.
 //
 // Row is the norm's math (row_math.cuh): its row sums (one or two passes
-// over the staged row, each one block reduction), the gx formula and its
-// column partials (RmsRow: gw; LayerRow: gw and gb), each an fp32 register
-// array for the whole walk, stored once per unit to its own region of the
-// scratch (region p at partials + p * units * n) and summed by colsum.
+// over the staged row, each one reduction over the row's group of threads),
+// the gx formula and its column partials (RmsRow: gw; LayerRow: gw and gb),
+// each an fp32 register array for the whole walk, stored once per unit to its
+// own region of the scratch (region p at partials + p * units * n) and summed
+// by colsum. A row's group is a sub-warp, the block, or (LayerRow's float4
+// sums only: common.cuh group_sum) a run of whole warps, several rows a step.
 template <typename Row, typename X, typename G, int BLOCK, int GROUP, int CHUNKS,
           int STAGES, bool BULK, int CLUSTER>
 __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {

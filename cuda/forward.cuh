@@ -22,8 +22,9 @@ namespace rmsnorm {
 // this moves more bytes at once than w in registers allows.
 //
 // Row is the norm's math (row_math.cuh): its reduction passes over the row in
-// registers (RmsRow: sum x^2; LayerRow: sum x, then sum (x - mean)^2) and the
-// output formula; with Row::kBias, b is read beside w (absent: 0).
+// registers (RmsRow: sum x^2; LayerRow: sum d and sum d^2 of d = x - shift,
+// one reduction) and the output formula; with Row::kBias, b is read beside w
+// (absent: 0).
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool PERSISTENT, typename Row>
 __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
