@@ -37,10 +37,12 @@ namespace rmsnorm {
 // the last read of it, and completion is signalled on one mbarrier per stage.
 //
 // Row is the norm's math (row_math.cuh): its row sums (one or two passes
-// over the staged row, each one block reduction), the gx formula and its
-// column partials (RmsRow: gw; LayerRow: gw and gb), each an fp32 register
-// array for the whole walk, stored once per unit to its own region of the
-// scratch (region p at partials + p * units * n) and summed by colsum.
+// over the staged row, each one reduction over the row's group of threads),
+// the gx formula and its column partials (RmsRow: gw; LayerRow: gw and gb),
+// each an fp32 register array for the whole walk, stored once per unit to its
+// own region of the scratch (region p at partials + p * units * n) and summed
+// by colsum. A row's group is a sub-warp, the block, or (LayerRow's float4
+// sums only: common.cuh group_sum) a run of whole warps, several rows a step.
 template <typename Row, typename X, typename G, int BLOCK, int GROUP, int CHUNKS,
           int STAGES, bool BULK, int CLUSTER>
 __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
@@ -58,6 +60,13 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   constexpr bool kBulk = BULK && arch::kBulkCopy;
   static_assert(!BULK || STAGES >= 2, "the bulk pipeline refills mid-step");
   static_assert(CLUSTER == 1 || ROWS == 1, "a cluster splits one row a step");
+  // LayerRow's one-reduction sums (float4, a shift per row) and its weight in
+  // shared memory are for whole rows in one block.
+  static_assert(CLUSTER == 1 || (!Row::kShift && !Row::kWShared &&
+                                 std::is_same_v<typename Row::Sums, float2>),
+                "cluster sums are float2, of unshifted terms");
+  using Sums = typename Row::Sums;
+  constexpr bool kWShared = Row::kWShared;
   using XV = Vec<X, VEC>;
   using GV = Vec<G, VEC>;
   const int n = a.n;
@@ -70,9 +79,9 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   const int nvec = max(0, min(n / VEC - v0, per_rank));
 
   // Stage s: ROWS rows of x (nvec vectors each), then ROWS rows of g, then
-  // (kExtra) ROWS rows of g_h.
+  // (kExtra) ROWS rows of g_h. kWShared: the fp32 weight after the last stage.
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ float2 red[32];
+  __shared__ Sums red[32];
   __shared__ unsigned long long landed[STAGES];  // kBulk: one mbarrier a stage
   __shared__ float2 slice_sums[2];  // CLUSTER: this block's sums, by step parity
   const size_t stage_bytes =
@@ -150,19 +159,49 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
     if constexpr (!kBulk) __pipeline_commit();
   }
 
-  float w[CHUNKS][VEC];
+  // kWShared: the weight as VEC / 4 planes of float4, plane q holding
+  // elements 4q..4q+3 of every vector, so that a warp's lanes (consecutive
+  // vectors) read consecutive 16-byte words: no bank conflicts.
+  float4* sw = reinterpret_cast<float4*>(smem + STAGES * stage_bytes);
+  float w[kWShared ? 1 : CHUNKS][VEC];
   float acc[P][CHUNKS][VEC] = {};
 #pragma unroll
   for (int j = 0; j < CHUNKS; ++j) {
     int v = j * GROUP + lane;
+    float(&wj)[VEC] = w[kWShared ? 0 : j];
     if (v < nvec) {
-      load_w(a.w, a.w_dtype, v0 + v, aligned16(a.w), w[j]);
-      add_offset(w[j], a.offset);  // the scale offset + w (Gemma), fp32
+      load_w(a.w, a.w_dtype, v0 + v, aligned16(a.w), wj);
+      add_offset(wj, a.offset);  // the scale offset + w (Gemma), fp32
     } else {
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) w[j][k] = 0.f;
+      for (int k = 0; k < VEC; ++k) wj[k] = 0.f;
+    }
+    if constexpr (kWShared) {
+      if (r == 0 && v < nvec) {
+#pragma unroll
+        for (int q = 0; q < VEC / 4; ++q)
+          sw[q * nvec + v] = make_float4(wj[4 * q], wj[4 * q + 1], wj[4 * q + 2], wj[4 * q + 3]);
+      }
     }
   }
+  if constexpr (kWShared) __syncthreads();  // the weight, before any row reads it
+  // The weight of vector v (chunk j) for the element loops: the registers, or
+  // (kWShared) `local` filled from shared memory.
+  auto weight = [&](int j, int v, float(&local)[VEC]) -> const float(&)[VEC] {
+    if constexpr (kWShared) {
+#pragma unroll
+      for (int q = 0; q < VEC / 4; ++q) {
+        const float4 f = sw[q * nvec + v];
+        local[4 * q] = f.x;
+        local[4 * q + 1] = f.y;
+        local[4 * q + 2] = f.z;
+        local[4 * q + 3] = f.w;
+      }
+      return local;
+    } else {
+      return w[j];
+    }
+  };
 
   for (int64_t t = 0; t < steps; ++t) {
     const int s = t % STAGES;
@@ -183,24 +222,41 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
     // The row's sums, pass by pass (each pass reads the staged row again and
     // is one block reduction).
     typename Row::Stats st{};
+    if constexpr (Row::kShift) {
+      // The mean of the row's first vector, the same in every thread of it.
+      if constexpr (GROUP <= 32) {
+        // The group's lane 0 staged that vector itself (or the stage has
+        // landed whole: bulk), and passes its mean along.
+        float k = 0.f;
+        if (lane == 0) k = vec_mean(sx[0]);
+        st.shift = __shfl_sync(0xffffffffu, k, 0, GROUP < 32 ? GROUP : 32);
+      } else {
+        // Per-thread copies: thread 0 staged it; its copies are complete
+        // (its pipeline wait), and visible to the block after a barrier.
+        if constexpr (!kBulk) __syncthreads();
+        st.shift = vec_mean(sx[0]);
+      }
+    }
     auto pass_sums = [&](auto pass_index) {
       constexpr int PASS = decltype(pass_index)::value;
-      float2 sums = make_float2(0.f, 0.f);
+      Sums sums = zero_sums<Sums>();
 #pragma unroll
       for (int j = 0; j < CHUNKS; ++j) {
         int v = j * GROUP + lane;
         if (valid && v < nvec) {
           XV xv = sx[v];
           GV gv = sg[v];
+          float local[VEC];
+          const float(&wj)[VEC] = weight(j, v, local);
 #pragma unroll
           for (int k = 0; k < VEC; ++k)
             Row::template add<PASS>(sums, to_float(xv.v[k]), to_float(gv.v[k]),
-                                    w[j][k], st);
+                                    wj[k], st);
         }
       }
       return group_sum<GROUP, BLOCK>(sums, red);
     };
-    float2 sums = pass_sums(std::integral_constant<int, 0>{});
+    Sums sums = pass_sums(std::integral_constant<int, 0>{});
     if constexpr (kBulk) {
       // Every thread is past its reads of step t-1 (the barrier in group_sum,
       // or this one when a row lives inside a warp): its stage can refill.
@@ -228,12 +284,14 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
           GV gv = sg[v];
           XV ev;  // kExtra: g_h
           if constexpr (kExtra) ev = stage_e(s, r)[v];
+          float local[VEC];
+          const float(&wj)[VEC] = weight(j, v, local);
           XV out;
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
             float xf = to_float(xv.v[k]);
             float gf = to_float(gv.v[k]);
-            float o = Row::gx(xf, gf, w[j][k], st);
+            float o = Row::gx(xf, gf, wj[k], st);
             if constexpr (kExtra) o = Row::gx_out(o, to_float(ev.v[k]));
             out.v[k] = from_float<X>(o);
 #pragma unroll
@@ -258,7 +316,8 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   // (row lane 0, 1, ...) and write one row. Unwanted partials (no weight, or
   // a frozen one; no bias) are neither stored nor summed.
   static_assert(VEC % 4 == 0, "acc leaves as float4");
-  float* sacc = reinterpret_cast<float*>(smem);  // n floats fit: see plans.h
+  // n floats fit in the stages (plans.h), short of kWShared's weight after them.
+  float* sacc = reinterpret_cast<float*>(smem);
   const int64_t units = gridDim.x / CLUSTER;
 #pragma unroll
   for (int p = 0; p < P; ++p) {
@@ -312,6 +371,15 @@ __global__ void RMSNORM_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK)
   persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER>(a);
 }
 
+// The walk with a register cap: at least MIN_BLOCKS blocks of BLOCK threads
+// a SM (LayerNorm rows whose two partials would otherwise cost a resident
+// block, plans.h).
+template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
+          bool BULK, int MIN_BLOCKS, typename Row>
+__global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) bwd_persistent_capped(const BwdArgs a) {
+  persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1>(a);
+}
+
 // The host stub of the persistent kernel for one launch plan.
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool BULK, int CLUSTER, typename Row = RmsRow>
@@ -319,6 +387,20 @@ const void* persistent_kernel_for() {
   if constexpr (CLUSTER > 1) {
     return reinterpret_cast<const void*>(
         &bwd_persistent_cluster<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER, Row>);
+  } else {
+    return reinterpret_cast<const void*>(
+        &bwd_persistent<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, Row>);
+  }
+}
+
+// The host stub of a LayerNorm plan row's walk (no cluster; MIN_BLOCKS > 0:
+// the capped kernel).
+template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
+          bool BULK, int MIN_BLOCKS, typename Row>
+const void* layer_kernel_for() {
+  if constexpr (MIN_BLOCKS > 0) {
+    return reinterpret_cast<const void*>(
+        &bwd_persistent_capped<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, MIN_BLOCKS, Row>);
   } else {
     return reinterpret_cast<const void*>(
         &bwd_persistent<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, Row>);

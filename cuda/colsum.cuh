@@ -15,20 +15,26 @@ namespace rmsnorm {
 //   FINAL:  partials (partial_rows x n, fp32) -> gw (n, w_dtype); grid.y == 1.
 //  !FINAL:  the naive chain's M x n rows (x dtype) -> partials, grid.y slices.
 // PART (FINAL only) picks the column partial: 0 gw, 1 gb (LayerNorm), whose
-// partials follow gw's in the scratch.
+// partials follow gw's in the scratch; kBothParts: both in one launch,
+// blockIdx.y picking (grid.y == 2), so that LayerNorm's two sums, each a
+// short latency-bound walk, share one launch and twice the blocks.
+inline constexpr int kBothParts = 2;
 template <typename S, bool FINAL, int COLS, int PART = 0>
 __global__ void __launch_bounds__(1024) colsum(const BwdArgs a) {
   static_assert(PART == 0 || FINAL, "only the final sum has a gb");
+  constexpr bool kBoth = PART == kBothParts;
   constexpr int LANES = 1024 / COLS;
   __shared__ float lanes[LANES][COLS + 1];
   const int n = a.n;
   const int col = blockIdx.x * COLS + threadIdx.x;
+  int part = PART;
+  if constexpr (kBoth) part = blockIdx.y;
   const S* in = FINAL ? reinterpret_cast<const S*>(
-                            a.partials + (PART ? (int64_t)a.partial_rows * n : 0))
+                            a.partials + (part ? (int64_t)a.partial_rows * n : 0))
                       : static_cast<const S*>(a.naive_rows);
   const int64_t rows = FINAL ? a.partial_rows : a.rows;
-  const int64_t per_slice = (rows + gridDim.y - 1) / gridDim.y;
-  const int64_t begin = blockIdx.y * per_slice;
+  const int64_t per_slice = kBoth ? rows : (rows + gridDim.y - 1) / gridDim.y;
+  const int64_t begin = kBoth ? 0 : blockIdx.y * per_slice;
   const int64_t end = min(rows, begin + per_slice);
 
   float s = 0.f;
@@ -47,7 +53,7 @@ __global__ void __launch_bounds__(1024) colsum(const BwdArgs a) {
   if (threadIdx.y == 0 && col < n) {
     const float total = lanes[0][threadIdx.x];
     if constexpr (FINAL) {
-      if constexpr (PART == 0) {
+      if (part == 0) {
         store_from_float(a.gw, a.w_dtype, col, total);
       } else {
         store_from_float(a.gb, a.b_dtype, col, total);

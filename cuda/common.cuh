@@ -270,6 +270,73 @@ __device__ __forceinline__ float2 group_sum(float2 v, float2* smem) {
   return v;
 }
 
+// group_sum of four sums at once (LayerRow's backward: one reduction a row
+// instead of two of two), in a fixed order, so as reproducible. Besides a
+// sub-warp or the block, a group may be a run of whole warps inside the block
+// (several rows a step of more than 32 threads each): its warps' sums are
+// then added in warp order by every thread of the group.
+template <int GROUP, int BLOCK>
+__device__ __forceinline__ float4 group_sum(float4 v, float4* smem) {
+  static_assert(GROUP <= 32 || (GROUP % 32 == 0 && BLOCK % GROUP == 0),
+                "group is a sub-warp or whole warps");
+  constexpr int width = GROUP < 32 ? GROUP : 32;
+#pragma unroll
+  for (int off = width / 2; off > 0; off /= 2) {
+    v.x += __shfl_xor_sync(0xffffffffu, v.x, off, width);
+    v.y += __shfl_xor_sync(0xffffffffu, v.y, off, width);
+    v.z += __shfl_xor_sync(0xffffffffu, v.z, off, width);
+    v.w += __shfl_xor_sync(0xffffffffu, v.w, off, width);
+  }
+  if constexpr (GROUP > 32) {
+    constexpr int warps = BLOCK / 32;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    if constexpr (GROUP == BLOCK) {
+      v = lane < warps ? smem[lane] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) {
+        v.x += __shfl_xor_sync(0xffffffffu, v.x, off);
+        v.y += __shfl_xor_sync(0xffffffffu, v.y, off);
+        v.z += __shfl_xor_sync(0xffffffffu, v.z, off);
+        v.w += __shfl_xor_sync(0xffffffffu, v.w, off);
+      }
+    } else {
+      constexpr int per_group = GROUP / 32;
+      const float4* mine = smem + warp / per_group * per_group;
+      v = mine[0];
+#pragma unroll
+      for (int q = 1; q < per_group; ++q) {
+        const float4 o = mine[q];
+        v = make_float4(v.x + o.x, v.y + o.y, v.z + o.z, v.w + o.w);
+      }
+    }
+    __syncthreads();  // smem is free again for the next row
+  }
+  return v;
+}
+
+// Zeroed sums of a pass (float2 or float4).
+template <typename S>
+__device__ __forceinline__ S zero_sums();
+template <>
+__device__ __forceinline__ float2 zero_sums<float2>() {
+  return make_float2(0.f, 0.f);
+}
+template <>
+__device__ __forceinline__ float4 zero_sums<float4>() {
+  return make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// The mean of one vector's elements (LayerRow's shift: row_math.cuh).
+template <typename T, int VEC>
+__device__ __forceinline__ float vec_mean(const Vec<T, VEC>& v) {
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) s += to_float(v.v[k]);
+  return s * (1.f / VEC);
+}
+
 // Thread-block clusters (sm_90 on; the tuner's cluster kernel only). Every
 // thread of every block of the cluster must call these, the same number of
 // times. Older families have no clusters: a trap, as for the bulk copies.

@@ -22,11 +22,12 @@ namespace rmsnorm {
 // this moves more bytes at once than w in registers allows.
 //
 // Row is the norm's math (row_math.cuh): its reduction passes over the row in
-// registers (RmsRow: sum x^2; LayerRow: sum x, then sum (x - mean)^2) and the
-// output formula; with Row::kBias, b is read beside w (absent: 0).
+// registers (RmsRow: sum x^2; LayerRow: sum d and sum d^2 of d = x - shift,
+// one reduction) and the output formula; with Row::kBias, b is read beside w
+// (absent: 0).
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT, typename Row = RmsRow>
-__global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
+          bool PERSISTENT, typename Row>
+__device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   static_assert(STAGES == 1 || STAGES == 2, "one row, or one more loading");
   // Extra streams (AddRmsRow): the residual is loaded beside x, the row
   // value row_in(x, residual) replaces x in registers, and it is written to
@@ -40,6 +41,12 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
   constexpr int B_REGS = Row::kBias ? W_REGS : 1;  // and b, when the norm has one
   using XV = Vec<X, VEC>;
   using OV = Vec<O, VEC>;
+  // Row::kShift: the shift is the mean of the row's first vector. A group
+  // within a warp has it in its lane 0 (chunk 0); a row over several warps
+  // loads it beside the chunks, one more 16-byte load a thread of the line
+  // that thread 0 loads anyway (L1/L2, no DRAM bytes), held in slot CHUNKS.
+  constexpr int kFirst = Row::kShift && GROUP > 32 ? 1 : 0;
+  constexpr int SLOTS = CHUNKS + kFirst;
   __shared__ float2 red[32];
   const int n = a.n;
   const int nvec = n / VEC;
@@ -49,10 +56,19 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
   const int64_t first = (int64_t)blockIdx.x * ROWS;
   const bool w_aligned = aligned16(a.w);
 
-  auto load = [&](XV (&xv)[CHUNKS], int64_t base) {
+  auto load = [&](XV (&xv)[SLOTS], int64_t base) {
     const int64_t row = base + r;
     if (row >= a.rows) return;
     const XV* xr = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n);
+    if constexpr (kFirst) {
+      xv[CHUNKS] = xr[0];
+      if constexpr (kExtra) {  // the shift is h's: its first vector
+        const XV e0 =
+            reinterpret_cast<const XV*>(static_cast<const X*>(a.residual) + row * n)[0];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) xv[CHUNKS].v[k] = Row::row_in(xv[CHUNKS].v[k], e0.v[k]);
+      }
+    }
     if constexpr (kExtra) {
       // Every load of both operands is issued before the first use.
       const XV* er =
@@ -94,10 +110,17 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
   };
   // All threads of a block make the same steps (barriers inside group_sum
   // when GROUP == BLOCK); rows past the end are masked.
-  auto finish = [&](const XV (&xv)[CHUNKS], int64_t base) {
+  auto finish = [&](const XV (&xv)[SLOTS], int64_t base) {
     const int64_t row = base + r;
     const bool valid = row < a.rows;
     typename Row::FwdStats st{};
+    if constexpr (Row::kShift) {
+      if constexpr (kFirst) {
+        st.shift = vec_mean(xv[CHUNKS]);
+      } else {
+        st.shift = __shfl_sync(0xffffffffu, vec_mean(xv[0]), 0, GROUP < 32 ? GROUP : 32);
+      }
+    }
     auto pass = [&](auto pass_index) {
       constexpr int PASS = decltype(pass_index)::value;
       float2 sums = make_float2(0.f, 0.f);
@@ -142,7 +165,7 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
 
   // The first rows go out before w is read: w (from L2 after the first
   // blocks) then arrives while x is in flight.
-  XV cur[CHUNKS], next[CHUNKS];
+  XV cur[SLOTS], next[SLOTS];
   load(cur, first);
   if constexpr (PERSISTENT) {
 #pragma unroll
@@ -171,6 +194,33 @@ __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
       load(cur, base + 2 * stride);
       finish(next, base + stride);
     }
+  }
+}
+
+// The kernels: fwd_rows, and with a register cap (at least MIN_BLOCKS blocks
+// a SM: LayerNorm's rows, plans.h) fwd_rows_capped.
+template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
+          bool PERSISTENT, typename Row = RmsRow>
+__global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
+  fwd_rows_body<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row>(a);
+}
+
+template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
+          bool PERSISTENT, int MIN_BLOCKS, typename Row>
+__global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) fwd_rows_capped(const FwdArgs a) {
+  fwd_rows_body<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row>(a);
+}
+
+// The host stub of a LayerNorm forward row (MIN_BLOCKS > 0: capped).
+template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
+          bool PERSISTENT, int MIN_BLOCKS, typename Row>
+const void* layer_fwd_kernel_for() {
+  if constexpr (MIN_BLOCKS > 0) {
+    return reinterpret_cast<const void*>(
+        &fwd_rows_capped<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, MIN_BLOCKS, Row>);
+  } else {
+    return reinterpret_cast<const void*>(
+        &fwd_rows<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row>);
   }
 }
 

@@ -1,5 +1,5 @@
 // LayerNorm planners: fwd_rows and the persistent walk with LayerRow
-// (row_math.cuh), rows from plans.h's kLayer* tables, then the column sums of
+// (row_math.cuh), rows from plans.h's kLayer* tables, then one column sum of
 // the gw and gb partials. No fallback kernels of our own: rows no table
 // covers go to mx.fast.layer_norm, decided by the op before the graph is
 // built (layer_norm_planned).
@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "backward.cuh"
 #include "colsum.cuh"
@@ -21,53 +22,48 @@ using detail::ceil_div;
 using detail::make_call;
 using plans::kLayerForward;
 
-template <typename X, typename O, std::size_t... I>
+// Row: LayerRow, or AddLayerRow for the fused residual add (FwdArgs::residual
+// set), on the same table rows. The add's row holds the residual beside x:
+// under the plain row's register cap it spilled 190-330 bytes a thread
+// (ptxas, sm_90, bf16), so it runs uncapped.
+template <typename X, typename O, typename Row, std::size_t... I>
 const void* forward_kernel(int row, std::index_sequence<I...>) {
-  static const void* const kernels[] = {reinterpret_cast<const void*>(
-      &fwd_rows<X, O, kLayerForward[I].block, kLayerForward[I].group,
-                kLayerForward[I].chunks, kLayerForward[I].stages,
-                kLayerForward[I].persistent, LayerRow>)...};
+  constexpr bool kAdd = Row::kExtraIn > 0;
+  static const void* const kernels[] = {layer_fwd_kernel_for<
+      X, O, kLayerForward[I].block, kLayerForward[I].group, kLayerForward[I].chunks,
+      kLayerForward[I].stages, kLayerForward[I].persistent,
+      kAdd ? 0 : kLayerForward[I].min_blocks, Row>()...};
   return kernels[row];
 }
 
-template <typename X, typename G, const auto& Table, std::size_t... I>
+template <typename X, typename G, typename Row, const auto& Table, std::size_t... I>
 const void* backward_kernel(int row, std::index_sequence<I...>) {
   static_assert(((Table[I].cluster == 1) && ...), "no cluster rows through MLX");
   static const void* const kernels[] = {
-      persistent_kernel_for<X, G, Table[I].block, Table[I].group, Table[I].chunks,
-                            Table[I].stages, Table[I].bulk, 1, LayerRow>()...};
+      layer_kernel_for<X, G, Table[I].block, Table[I].group, Table[I].chunks, Table[I].stages,
+                       Table[I].bulk, Table[I].min_blocks, Row>()...};
   return kernels[row];
 }
 
-// The backward's table row for rows of nvec vectors on `family`, and its
-// kernel; nulls past the table.
-template <typename X, typename G>
-std::pair<const plans::RowPlan*, const void*> backward_row(int family, int nvec) {
-  auto of = [&](const auto& table, auto kernel_of) {
-    const int row = detail::table_row(table, nvec);
-    return row < 0 ? std::pair<const plans::RowPlan*, const void*>{nullptr, nullptr}
-                   : std::pair<const plans::RowPlan*, const void*>{&table[row],
-                                                                   kernel_of(row)};
-  };
-  if (family >= 90) {
-    return of(plans::kLayerBackwardSm90, [](int row) {
-      return backward_kernel<X, G, plans::kLayerBackwardSm90>(
-          row, std::make_index_sequence<std::size(plans::kLayerBackwardSm90)>{});
-    });
-  }
-  return of(plans::kLayerBackwardSm80, [](int row) {
-    return backward_kernel<X, G, plans::kLayerBackwardSm80>(
-        row, std::make_index_sequence<std::size(plans::kLayerBackwardSm80)>{});
-  });
+// A table's row for rows of nvec vectors, and its kernel with policy Row;
+// nulls past the table.
+template <typename X, typename G, typename Row, const auto& Table>
+std::pair<const plans::RowPlan*, const void*> row_of(int nvec) {
+  const int row = detail::table_row(Table, nvec);
+  if (row < 0) return {nullptr, nullptr};
+  return {&Table[row], backward_kernel<X, G, Row, Table>(
+                           row, std::make_index_sequence<std::size(Table)>{})};
 }
 
-// Final column sum of partial PART (0 gw, 1 gb), blocks as in backward.cu.
+// Final column sum of partial PART (0 gw, 1 gb, kBothParts: both in one
+// launch, grid.y = 2), blocks as in backward.cu.
 template <int PART>
 KernelCall column_sum(int n, const char* name) {
   auto call = [&](auto cols) {
     constexpr int kCols = decltype(cols)::value;
     return make_call(reinterpret_cast<const void*>(&colsum<float, true, kCols, PART>),
-                     dim3(ceil_div(n, kCols), 1), dim3(kCols, 1024 / kCols), 0, name);
+                     dim3(ceil_div(n, kCols), PART == kBothParts ? 2 : 1),
+                     dim3(kCols, 1024 / kCols), 0, name);
   };
   return n < plans::kColsumNarrowBelow ? call(std::integral_constant<int, 8>{})
                                        : call(std::integral_constant<int, 32>{});
@@ -82,16 +78,34 @@ struct BackwardChoice {
   int occupancy = 0;
 };
 
-template <typename X, typename G>
+// ADD: the fused residual add's backward (AddLayerRow: g_h staged beside x
+// and g, one more x-width of operand a stage), on the same rows.
+template <typename X, typename G, bool ADD>
 BackwardChoice choose_backward(int n) {
+  using Row = std::conditional_t<ADD, AddLayerRow, LayerRow>;
+  using RowWRegs = WeightInRegisters<Row>;
   constexpr int full = 16 / sizeof(X);
   BackwardChoice c;
   if (n % full != 0) return c;
   const int nvec = n / full;
-  std::tie(c.cfg, c.fn) = backward_row<X, G>(detail::target().family, nvec);
-  if (c.cfg == nullptr) return c;
-  c.smem = plans::persistent_smem(*c.cfg, nvec, static_cast<int>(sizeof(G) / sizeof(X)));
-  c.occupancy = detail::blocks_per_sm(c.fn, c.cfg->block, c.smem);
+  const bool sm90 = detail::target().family >= 90;
+  const int g_per_x = static_cast<int>(sizeof(G) / sizeof(X)) + (ADD ? 1 : 0);
+  auto fit = [&](auto row, bool w_shared) {
+    std::tie(c.cfg, c.fn) = row;
+    if (c.cfg == nullptr) return false;
+    c.smem = plans::persistent_smem(*c.cfg, nvec, g_per_x) +
+             (w_shared ? sizeof(float) * n : 0);  // the fp32 weight
+    c.occupancy = detail::blocks_per_sm(c.fn, c.cfg->block, c.smem);
+    return c.occupancy > 0;
+  };
+  static_assert(Row::kWShared && !RowWRegs::kWShared);
+  if (fit(sm90 ? row_of<X, G, Row, plans::kLayerBackwardSm90>(nvec)
+               : row_of<X, G, Row, plans::kLayerBackwardSm80>(nvec),
+          true))
+    return c;
+  fit(sm90 ? row_of<X, G, RowWRegs, plans::kLayerBackwardWRegsSm90>(nvec)
+           : row_of<X, G, RowWRegs, plans::kLayerBackwardWRegsSm80>(nvec),
+      false);
   return c;
 }
 
@@ -103,7 +117,7 @@ BackwardChoice choose_backward(int n) {
 
 }  // namespace
 
-bool layer_norm_planned(DType x_dtype, DType g_dtype, int n) {
+bool layer_norm_planned(DType x_dtype, DType g_dtype, int n, bool add) {
   if (n <= 0) return false;
   bool ok = false;
   detail::with_types(x_dtype, g_dtype, [&](auto tx, auto tg) {
@@ -111,7 +125,7 @@ bool layer_norm_planned(DType x_dtype, DType g_dtype, int n) {
     using G = typename decltype(tg)::type;
     constexpr int full = 16 / sizeof(X);
     ok = n % full == 0 && detail::table_row(kLayerForward, n / full) >= 0 &&
-         choose_backward<X, G>(n).occupancy > 0;
+         (add ? choose_backward<X, G, true>(n) : choose_backward<X, G, false>(n)).occupancy > 0;
   });
   return ok;
 }
@@ -119,7 +133,10 @@ bool layer_norm_planned(DType x_dtype, DType g_dtype, int n) {
 Plan plan_layer_forward(const FwdArgs& a) {
   Plan p;
   if (a.n == 0 || a.rows == 0) return p;
-  const int vec = vector_width(a.x_dtype, a.n, {a.x, a.y});
+  const bool add = a.residual != nullptr;
+  if (add && a.h == nullptr)
+    throw std::invalid_argument("[mlx_rmsnorm] add_layer_norm's forward needs FwdArgs::h");
+  const int vec = vector_width(a.x_dtype, a.n, {a.x, a.y, a.residual, a.h});
   detail::with_types(a.x_dtype, a.y_dtype, [&](auto tx, auto to) {
     using X = typename decltype(tx)::type;
     using O = typename decltype(to)::type;
@@ -127,8 +144,9 @@ Plan plan_layer_forward(const FwdArgs& a) {
     const int row = detail::table_row(kLayerForward, a.n / full);
     if (vec != full || row < 0) no_plan("forward", a.n);
     const auto& cfg = kLayerForward[row];
-    const void* fn =
-        forward_kernel<X, O>(row, std::make_index_sequence<std::size(kLayerForward)>{});
+    constexpr auto rows = std::make_index_sequence<std::size(kLayerForward)>{};
+    const void* fn = add ? forward_kernel<X, O, AddLayerRow>(row, rows)
+                         : forward_kernel<X, O, LayerRow>(row, rows);
     int64_t grid = std::min<int64_t>(ceil_div(a.rows, cfg.block / cfg.group),
                                      std::numeric_limits<int32_t>::max());
     if (cfg.persistent) {
@@ -143,16 +161,22 @@ Plan plan_layer_forward(const FwdArgs& a) {
 Plan plan_layer_backward(const BwdArgs& a) {
   Plan p;
   if (a.n == 0) return p;
-  const int vec = vector_width(a.x_dtype, a.n, {a.x, a.g, a.gx});
+  const bool add = a.gh != nullptr;
+  const int vec = vector_width(a.x_dtype, a.n, {a.x, a.g, a.gx, a.gh});
   detail::with_types(a.x_dtype, a.g_dtype, [&](auto tx, auto tg) {
     using X = typename decltype(tx)::type;
     using G = typename decltype(tg)::type;
-    const BackwardChoice c = choose_backward<X, G>(a.n);
+    const BackwardChoice c =
+        add ? choose_backward<X, G, true>(a.n) : choose_backward<X, G, false>(a.n);
     if (vec != 16 / static_cast<int>(sizeof(X)) || c.occupancy == 0)
       no_plan("backward", a.n);
     const int rows_per_step = c.cfg->block / c.cfg->group;
-    const int64_t grid = std::min<int64_t>(int64_t(detail::sm_count()) * c.occupancy,
-                                           ceil_div(a.rows, rows_per_step));
+    // Every unit leaves a partial row of gw and one of gb (2 n fp32, written
+    // and read back): min_steps keeps each unit's walk at least that long.
+    const int64_t grid = std::min<int64_t>(
+        int64_t(detail::sm_count()) * c.occupancy,
+        std::max<int64_t>(std::min<int64_t>(a.rows, 1),
+                          ceil_div(a.rows, rows_per_step) / c.cfg->min_steps));
     p.algorithm = Algorithm::Persistent;
     if (grid > 0)
       p.calls.push_back(make_call(c.fn, dim3(grid), dim3(c.cfg->block), c.smem,
@@ -163,8 +187,13 @@ Plan plan_layer_backward(const BwdArgs& a) {
       p.partials_offset = 0;
       p.scratch_bytes = detail::align_up(sizeof(float) * 2 * grid * a.n);
     }
-    if (a.gw != nullptr) p.calls.push_back(column_sum<0>(a.n, "colsum_gw"));
-    if (a.gb != nullptr) p.calls.push_back(column_sum<1>(a.n, "colsum_gb"));
+    if (a.gw != nullptr && a.gb != nullptr) {
+      p.calls.push_back(column_sum<kBothParts>(a.n, "colsum_gw_gb"));
+    } else if (a.gw != nullptr) {
+      p.calls.push_back(column_sum<0>(a.n, "colsum_gw"));
+    } else if (a.gb != nullptr) {
+      p.calls.push_back(column_sum<1>(a.n, "colsum_gb"));
+    }
   });
   return p;
 }

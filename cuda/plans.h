@@ -43,6 +43,10 @@ struct RowPlan {
   bool bulk = false;  // (backward) whole steps through the bulk copy engine
   int cluster = 1;    // (backward) blocks that share a row
   bool persistent = true;  // (forward) grid = resident blocks
+  int min_steps = 1;  // (LayerNorm backward) steps of rows a unit walks at
+                      // least: caps the grid, so the partial rows, at few rows
+  int min_blocks = 0;  // (LayerNorm backward) blocks a SM that the kernel's
+                       // registers must allow (__launch_bounds__); 0: no cap
 };
 
 // Dynamic shared memory of one persistent-backward block for rows of nvec
@@ -183,44 +187,94 @@ inline constexpr RowPlan kForwardOneWave[] = {
     {640, 640, 640, 1, 1, false, 1, kPersistent},  // N <= 5120
 };
 
-// LayerNorm (row_math.cuh LayerRow; planned in layer_norm.cu). The same
-// walks, so the RMSNorm rows are reused where they fit, copied by index so
-// that a retuned RMSNorm row carries over:
-// - Backward: the RMSNorm rows up to N = 5120 bf16 (nvec <= 640). LayerNorm
-//   keeps a second fp32 partial (gb) beside gw for the whole walk, CHUNKS *
-//   VEC more live floats a thread (ptxas, sm_90, bf16: 60 registers at
-//   128 x 1 against RMSNorm's 48, 80 at 256 x 2 as RMSNorm, 86 at 320 x 2
-//   against 76: the same resident blocks but at 128 x 1, 8 a SM instead of 10).
-//   RMSNorm's N <= 8192 row (512 x 2) takes 86 registers for LayerNorm
-//   against 64, which leaves one block of 512 threads a SM: LayerNorm gets
-//   1024 x 1 instead (64 registers, no spills; one block a SM of twice the
-//   threads) with a third stage, so that two steps' rows are in flight while
-//   one is computed on, as two resident blocks of two stages do for
-//   RMSNorm. N <= 16384: 1024 x 2, two stages (128 KiB; ptxas spills 104
-//   bytes a thread for bf16, none for fp32). Chosen from ptxas counts alone;
-//   the one H200 run (docs/layernorm.md) gave 58-63% of x + g at N = 8192
-//   (8192-32768 rows) and 68% at 8192x16384, 2.5-3.4x the built-in; no other
-//   row was measured against them.
-// - Forward: every RMSNorm row (the row stays in registers; b is read beside
-//   w, after the reduction). Two reductions a row instead of one (mean, then
-//   the centred sum of squares: no cancellation).
+// LayerNorm (row_math.cuh LayerRow; planned in layer_norm.cu): the same walks
+// with LayerNorm rows of their own. Chosen with cuda/cli/layer_norm_bench
+// (H200, bf16, the chain as planned: walk + one column sum of gw and gb; a
+// CUDA graph of 20 back-to-back calls over inputs several times the L2, us
+// per call, median of 15; docs/h200/2026-12-01-20c7c90/ has both runs,
+// run2-bench.log the final figures quoted here, "RMS" = our RMSNorm chain in
+// the same run).
+// - Backward. LayerRow takes one block reduction a row (four sums about a
+//   shift) where the two-pass policy took two, and keeps its fp32 weight in
+//   shared memory, so its registers hold the gw and gb partials where
+//   RMSNorm's hold gw and the weight. The rows that matter after that are the
+//   ones that leave fewer partial rows: every unit writes 2 N fp32 and the
+//   column sum reads them back, at 8192 rows up to 30% of the bytes of x, g
+//   and gx with a small block a unit. Hence several rows a step (block /
+//   group > 1: the block adds its rows' partials before storing one row of
+//   each) at mid N:
+//     N <= 1024: a warp a row, 4 rows a step, 123 registers, 4 blocks a SM
+//       (528 units): 8192x768 17.9 us (RMS 17.4), 8192x1024 21.5 (RMS 20.4);
+//       the RMSNorm row 128 x 1 took 24.7 / 27.7 (1320 units).
+//     N <= 2048: 2 rows a step of 128 x 2 (396 units): 16384x1280 49.6 (RMS
+//       45.1), 8192x2048 36.8 (RMS 32.0); a block a row of 128 x 2 (924
+//       units) 51.7 / 39.1, RMSNorm's 256 x 1 71.4 / 47.1.
+//     N <= 3072: 192 x 2, per-thread copies: 8192x2880 52.4 (RMS 42.5); with
+//       the N <= 4096 row 56.9, two rows a step (384 x 2) 52.3.
+//     N <= 4096: 256 x 2, bulk, three stages: 8192x4096 61.0 (RMS 60.9),
+//       16384x4096 111.1 (RMS 115.8); two stages 61.9 / 114.4.
+//     N <= 8192: 256 x 4 (123 registers, 2 blocks a SM): 4096x8192 64.5
+//       (RMS 58.5), 16384x8192 207.0 (RMS 206.8); RMSNorm's 512 x 2 capped
+//       at 64 registers 67.2 / 224.8, uncapped (81 registers, 1 block a SM)
+//       82.7 / 284.0.
+//     N <= 16384: RMSNorm's 512 x 4 (123 registers): 8192x16384 223.1 (RMS
+//       204.1); 1024 x 2 238.9.
+//   Before (two passes, RMSNorm's rows with 1024 x 1 x 3 stages at N = 8192,
+//   two column-sum launches): 24.8, 28.8, 67.8, 46.4, 68.6, 75.6, 136.3,
+//   84.5, 295.0, 274.9 us at the shapes above in that order.
+//   Where the stages and the weight do not fit a block (16-bit x, fp32 g
+//   past N = 8192) the weight stays in registers (kLayerBackwardWRegs*:
+//   8192x16384 bf16 269.8 us, 64 registers and 32 bytes of stack).
+// - Forward: LayerRow on RMSNorm's rows, except a warp a row at N <= 768
+//   (8192x768 11.0 us against 12.9 for 64 x 2; RMS 9.1) and 512 x 4 capped
+//   at 64 registers (2 blocks a SM) at N <= 16384 (8192x16384 169.3 against
+//   230.7 uncapped; RMS 131.4). Elsewhere a cap spilled (ptxas: 32-128 bytes
+//   of stack; ncu: local-memory requests) and lost (8192x1024: 19.3 us at 24
+//   blocks a SM against 13.9), and the one reduction a row gained little
+//   against the two-pass policy (within 4% either way, 13.8 -> 13.9 at
+//   8192x1024, 167.8 -> 161.3 at 16384x8192): LayerNorm's forward stays
+//   1.2-1.5x RMSNorm's, with 16-24 more registers a thread on these rows
+//   (b beside w after the reduction), so fewer resident blocks (ncu,
+//   8192x1024: 64 against 40 registers, 50% against 75% occupancy).
 // Rows past a table, and N not a multiple of a 16-byte vector, go to
 // mx.fast.layer_norm (the op decides before building the graph, layer_norm.cpp).
+// add_layer_norm (AddLayerRow) runs these rows, its forward uncapped
+// (layer_norm.cu says why).
 inline constexpr RowPlan kLayerBackwardSm90[] = {
     kBackwardSm90[0], kBackwardSm90[1], kBackwardSm90[2], kBackwardSm90[3],
-    kBackwardSm90[4], kBackwardSm90[5], kBackwardSm90[6], kBackwardSm90[7],
-    kBackwardSm90[8],
-    {1024, 1024, 1024, 1, 3, true},  // N <= 8192 bf16
-    {2048, 1024, 1024, 2, 2, true},  // N <= 16384
+    kBackwardSm90[4],                   // N <= 512 bf16: RMSNorm's rows
+    {128, 128, 32, 4, 2, true},         // N <= 1024: a warp a row, 4 rows a step
+    {256, 256, 128, 2, 2, true},        // N <= 2048: 2 rows a step of 128 x 2
+    {384, 192, 192, 2, 2},              // N <= 3072
+    {512, 256, 256, 2, 3, true},        // N <= 4096
+    kBackwardSm90[8],                   // N <= 5120: RMSNorm's row (not measured)
+    {1024, 256, 256, 4, 2, true},       // N <= 8192
+    kBackwardSm90[10],                  // N <= 16384: RMSNorm's row
 };
+// Families 80 and 75: the same rows with per-thread copies (not measured).
 inline constexpr RowPlan kLayerBackwardSm80[] = {
     kBackwardSm80[0], kBackwardSm80[1], kBackwardSm80[2], kBackwardSm80[3],
-    kBackwardSm80[4], kBackwardSm80[5], kBackwardSm80[6], kBackwardSm80[7],
-    kBackwardSm80[8],
-    {1024, 1024, 1024, 1, 3},
-    {2048, 1024, 1024, 2, 2},
+    kBackwardSm80[4],
+    {128, 128, 32, 4, 2},  {256, 256, 128, 2, 2}, {384, 192, 192, 2, 2},
+    {512, 256, 256, 2, 3}, kBackwardSm80[8],      {1024, 256, 256, 4, 2},
+    kBackwardSm80[10],
 };
-inline constexpr const RowPlan (&kLayerForward)[std::size(kForward)] = kForward;
+inline constexpr RowPlan kLayerBackwardWRegsSm90[] = {{2048, 1024, 1024, 2, 2, true}};
+inline constexpr RowPlan kLayerBackwardWRegsSm80[] = {{2048, 1024, 1024, 2, 2}};
+// Forward: {max_nvec, block, group, chunks, stages, -, -, persistent, -,
+// min_blocks}.
+inline constexpr RowPlan kLayerForward[] = {
+    kForward[0], kForward[1], kForward[2], kForward[3], kForward[4],  // N <= 512
+    {96, 128, 32, 4, 1, false, 1, kPerStep},           // N <= 768: a warp a row
+    kForward[5],                                       // N <= 1024
+    kForward[6],                                       // N <= 2048
+    kForward[7],                                       // N <= 2560 (not measured)
+    kForward[8],                                       // N <= 4096
+    kForward[9],                                       // N <= 5120 (not measured)
+    kForward[10],                                      // N <= 8192
+    {2048, 512, 512, 4, 1, false, 1, kPerStep, 1, 2},  // N <= 16384: <= 64 registers
+    kForward[12],                                      // N <= 32768 (not measured)
+};
 
 // The fused residual add (add_rms_norm) runs the rows above, forward and
 // backward, rather than tables of its own: its row is the norm's row (h takes

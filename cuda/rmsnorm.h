@@ -135,7 +135,13 @@ Plan plan_gather(const GatherArgs& a);
 // both directions have one for rows of n elements of x_dtype with g (and y)
 // in g_dtype on the current device; the planners throw std::invalid_argument
 // where it says no.
-bool layer_norm_planned(DType x_dtype, DType g_dtype, int n);
+// The fused residual add (add_layer_norm: h = x + residual, y = layer_norm(h),
+// outputs y and h) runs on the same planners, as add_rms_norm's does: the
+// forward with FwdArgs::residual and FwdArgs::h set, the backward with x = the
+// forward's h and BwdArgs::gh = the cotangent of h (gx = gh + d(norm)/dh, the
+// gradient of x and residual alike); `add` asks layer_norm_planned about that
+// backward (g_h takes shared memory beside x and g).
+bool layer_norm_planned(DType x_dtype, DType g_dtype, int n, bool add = false);
 Plan plan_layer_forward(const FwdArgs& a);
 Plan plan_layer_backward(const BwdArgs& a);
 

@@ -22,6 +22,13 @@
 //     wants(a, p)         (host args) whether partial p is wanted at all: an
 //                         unwanted one is never stored nor summed
 //
+//   Sums                the type a pass reduces (float2; LayerRow: float4)
+//   kShift              the walk sets st.shift (Stats and FwdStats) before
+//                       the first pass: the mean of the row's first 16-byte
+//                       vector, the same value in every thread of the row
+//   kWShared            (backward) the fp32 weight lives in shared memory
+//                       for the walk instead of in registers
+//
 //   Streams (for ops that carry more than x and g / y)
 //     kExtraIn, kExtraOut streamed inputs beside x (forward) or x and g
 //                         (backward), and outputs beside y or gx. A fused
@@ -45,6 +52,8 @@ namespace rmsnorm {
 // gx = r (g w) - x (mean(g w x) r^3), gw = sum_rows g x r.
 struct RmsRow {
   static constexpr int kExtraIn = 0, kExtraOut = 0;
+  using Sums = float2;
+  static constexpr bool kShift = false, kWShared = false;
 
   // Forward: one pass, sum x^2 (the float2's second half rides along unused:
   // the block reduction is shared with the backward's two sums).
@@ -98,13 +107,14 @@ struct RmsRow {
 // xh = (x - mu) r, y = xh w + b;
 // gx = r (g w - mean(g w) - xh mean(g w xh)), gw = sum_rows g xh,
 // gb = sum_rows g.
-// Two passes in both directions: the mean first, then the centred sums. The
-// row is in registers (forward) or shared memory (backward) already, so the
-// second pass costs a reduction, not a read, and the variance does not lose
-// its digits to cancellation as sum x^2 - n mu^2 would for rows whose mean is
-// large against their spread.
-struct LayerRow {
+// LayerRowTwoPass: two passes in both directions, the mean first, then the
+// centred sums (the row is on chip already, so the second pass costs a block
+// reduction, not a read). Kept beside LayerRow for the standalone benchmark
+// (cuda/cli/layer_norm_bench), which times one against the other.
+struct LayerRowTwoPass {
   static constexpr int kExtraIn = 0, kExtraOut = 0;
+  using Sums = float2;
+  static constexpr bool kShift = false, kWShared = false;
 
   static constexpr int kFwdPasses = 2;
   static constexpr bool kBias = true;
@@ -172,6 +182,108 @@ struct LayerRow {
     return p == 0 ? a.gw != nullptr : a.gb != nullptr;
   }
 };
+
+// LayerRow: the same math in one block reduction a row (one pass in each
+// direction). The sums are taken about a shift K, the mean of the row's first
+// 16-byte vector (the walk sets st.shift): with d = x - K,
+//   mean = K + mean(d),  var = mean(d^2) - mean(d)^2,
+//   mean(g w xh) = r (mean(g w d) - mean(d) mean(g w)).
+// Without the shift (K = 0) the variance would lose its digits as
+// sum x^2 - n mu^2 does for rows whose mean is large against their spread;
+// with K taken from the row, mean(d)^2 is of the order of the variance for
+// any row whose first elements are typical (rows of mean 1000 and spread 1:
+// K is within a few spreads of the mean). Its worst case is bounded: the
+// mean of VEC elements lies within sqrt(n / VEC) standard deviations of the
+// row's mean, so mean(d)^2 <= (n / VEC) var and the cancellation costs at
+// most log2(n / VEC) bits of fp32's 24 (11 at N = 16384 bf16, for a row
+// whose first vector holds all of its spread). The backward's fp32 weight
+// stays in shared memory (kWShared): its register array would be a third
+// per-column array beside the gw and gb partials.
+struct LayerRow {
+  static constexpr int kExtraIn = 0, kExtraOut = 0;
+  static constexpr bool kShift = true, kWShared = true;
+
+  static constexpr int kFwdPasses = 1;
+  static constexpr bool kBias = true;
+  struct FwdStats {
+    float shift, mean, rstd;
+  };
+  template <int P>
+  __device__ __forceinline__ static void fwd_add(float2& s, float x, const FwdStats& st) {
+    const float d = x - st.shift;
+    s.x += d;
+    s.y += d * d;
+  }
+  template <int P>
+  __device__ __forceinline__ static void fwd_finish(float2 s, int n, float eps,
+                                                    FwdStats& st) {
+    const float m1 = s.x / n;
+    st.mean = st.shift + m1;
+    st.rstd = rsqrtf(fmaxf(s.y / n - m1 * m1, 0.f) + eps);
+  }
+  __device__ __forceinline__ static float y(float x, float w, float b, const FwdStats& st) {
+    return (x - st.mean) * st.rstd * w + b;
+  }
+
+  static constexpr int kPasses = 1;
+  static constexpr int kPartials = 2;  // gw, gb
+  using Sums = float4;                 // sum d, sum d^2, sum g w, sum g w d
+  struct Stats {
+    float shift, mean, mgw, rstd, c;  // c = mean(g w xh)
+  };
+  template <int P>
+  __device__ __forceinline__ static void add(float4& s, float x, float g, float w,
+                                             const Stats& st) {
+    const float d = x - st.shift;
+    const float gw = g * w;
+    s.x += d;
+    s.y += d * d;
+    s.z += gw;
+    s.w += gw * d;
+  }
+  template <int P>
+  __device__ __forceinline__ static void finish(float4 s, int n, float eps, Stats& st) {
+    const float m1 = s.x / n;
+    st.mean = st.shift + m1;
+    st.rstd = rsqrtf(fmaxf(s.y / n - m1 * m1, 0.f) + eps);
+    st.mgw = s.z / n;
+    st.c = (s.w / n - m1 * st.mgw) * st.rstd;
+  }
+  __device__ __forceinline__ static float gx(float x, float g, float w, const Stats& st) {
+    const float xh = (x - st.mean) * st.rstd;
+    return st.rstd * (g * w - st.mgw - xh * st.c);
+  }
+  __device__ __forceinline__ static float partial(int p, float x, float g, const Stats& st) {
+    return p == 0 ? g * ((x - st.mean) * st.rstd) : g;
+  }
+  __device__ __forceinline__ static bool wants(const BwdArgs& a, int p) {
+    return p == 0 ? a.gw != nullptr : a.gb != nullptr;
+  }
+};
+
+// LayerNorm of a fused residual add (add_layer_norm): LayerRow's math on the
+// row h = x + residual, with AddRmsRow's extra streams: the forward reads the
+// residual beside x and writes h (rounded to x's dtype as an unfused add
+// stores it) beside y; the backward's x is the forward's h, it stages g_h
+// beside x and g, and gx = g_h + d(norm)/dh, the gradient of x and residual
+// alike. The shift is h's (the walks take it from the row value).
+struct AddLayerRow : LayerRow {
+  static constexpr int kExtraIn = 1, kExtraOut = 1;
+
+  template <typename X>
+  __device__ __forceinline__ static X row_in(X x, X residual) {
+    return add_round(x, residual);
+  }
+  __device__ __forceinline__ static float gx_out(float gx, float g_h) { return gx + g_h; }
+};
+
+// A LayerNorm policy with the weight in registers, as the RMSNorm walk keeps
+// it: for rows whose stages leave no room for it in shared memory (plans.h).
+template <typename Row>
+struct WeightInRegisters : Row {
+  static constexpr bool kWShared = false;
+};
+using LayerRowWRegs = WeightInRegisters<LayerRow>;
 
 // RMSNorm of a fused residual add (add_rms_norm): RmsRow's math on the row
 // h = x + residual, with one extra stream each way.
