@@ -95,7 +95,7 @@ inline constexpr RowPlan kBackwardSm90[] = {
 // Families 80 and 75 (A100, A10, RTX 30xx/40xx, L4, T4): the same rows with
 // per-thread copies, as no copy engine is there (on sm_75 the copies are
 // plain 16-byte loads and stores, so a stage is not overlapped). Not tuned on
-// those GPUs, none being lent to us: measured as PTX on the H200
+// those GPUs (none was at hand): measured as PTX on the H200
 // (docs/NOTES.md). Rows whose stages exceed a GPU's shared memory (sm_75:
 // 64 KiB a block, sm_86/sm_120: 99 KiB) get no resident block there, and the
 // planner falls back to the split plan.
@@ -284,8 +284,8 @@ inline constexpr RowPlan kLayerForward[] = {
 // every N, which the rows were chosen to keep in flight. In the backward gh
 // takes one more x-sized slot per stage (persistent_smem's g_per_x + 1): where
 // that no longer fits a block (N = 16384 with fp32 g) the split plan takes the
-// row, as for the plain norm past the table. Not re-tuned: no GPU time was
-// left for a tuner run (docs/fused-add.md has the measurements there are).
+// row, as for the plain norm past the table. Not re-tuned by a tuner run
+// (docs/fused-add.md has the measurements there are).
 
 // Fallbacks (any N, any alignment; VEC = 1 when N or a pointer is not 16-byte
 // friendly).
