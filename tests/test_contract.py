@@ -7,10 +7,13 @@ residual, and error messages that name the op and the argument."""
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import DEVICES
 
 from mlx_rmsnorm import _ext
 
 EPS = 1e-5
+# the NumPy references of rows of no elements
+pytestmark = pytest.mark.filterwarnings("ignore:Mean of empty slice:RuntimeWarning")
 
 
 # --- patch()'s routed functions -------------------------------------------
@@ -81,3 +84,518 @@ def test_routed_arguments_are_mx_fast_arguments():
     assert mx.array_equal(y, mx.fast.rms_norm(x, None, EPS))
     y = _ext.routed_layer_norm(x=x, weight=None, bias=None, eps=EPS, stream=mx.cpu)
     assert mx.array_equal(y, mx.fast.layer_norm(x, None, None, EPS))
+
+
+# --- float64 NumPy references ----------------------------------------------
+# Written with analytic operations only (x * x, not |x|^2; powers, not abs), so
+# that complex-step differentiation gives their derivatives to float64
+# precision: f(a + i h t).imag / h with h = 1e-30 is the directional
+# derivative along t, with no cancellation. The references of every transform
+# below (vjp, jvp, second order, vmap) are built from them that way.
+
+H = 1e-30
+
+
+def _rows(a):
+    return tuple(range(a.ndim - 1))
+
+
+def np_rms(x, w):
+    with np.errstate(all="ignore"):
+        r = (np.mean(x * x, axis=-1, keepdims=True) + EPS) ** -0.5
+    return x * r * w
+
+
+def np_rms_vjp(x, w, g):
+    n = x.shape[-1]
+    with np.errstate(all="ignore"):
+        r = (np.mean(x * x, axis=-1, keepdims=True) + EPS) ** -0.5
+        v = g * w
+        gx = r * v - x * (np.sum(v * x, axis=-1, keepdims=True) / n) * r**3
+    return [gx, np.sum(g * x * r, axis=_rows(x))]
+
+
+def np_layer(x, w, b):
+    with np.errstate(all="ignore"):
+        d = x - np.mean(x, axis=-1, keepdims=True)
+        r = (np.mean(d * d, axis=-1, keepdims=True) + EPS) ** -0.5
+    return d * r * w + b
+
+
+def np_layer_vjp(x, w, g):
+    with np.errstate(all="ignore"):
+        d = x - np.mean(x, axis=-1, keepdims=True)
+        r = (np.mean(d * d, axis=-1, keepdims=True) + EPS) ** -0.5
+        xh = d * r
+        v = g * w
+        gx = r * (v - np.mean(v, axis=-1, keepdims=True)
+                  - xh * np.mean(v * xh, axis=-1, keepdims=True))
+    return [gx, np.sum(g * xh, axis=_rows(x)), np.sum(g, axis=_rows(x))]
+
+
+def _unbroadcast(g, shape):
+    """The gradient of an input broadcast to g's shape: g summed back."""
+    while g.ndim > len(shape):
+        g = g.sum(axis=0)
+    for i, s in enumerate(shape):
+        if s == 1 and g.shape[i] != 1:
+            g = g.sum(axis=i, keepdims=True)
+    return g
+
+
+def np_add(x, r, w):
+    h = x + r
+    return [np_rms(h, w), h]
+
+
+def np_add_vjp_inputs(x, r, w, cy, ch):
+    """Gradients of sum(y * cy + h * ch) of np_add with respect to (x, r, w)."""
+    h = x + r
+    gx, gw = np_rms_vjp(h, w, cy)
+    gh = gx + ch
+    return [_unbroadcast(gh, x.shape), _unbroadcast(gh, r.shape), gw]
+
+
+class Op:
+    """One op as a function of a list of arrays returning a list of arrays:
+    ours, the built-in (or MLX's composition of it) and the NumPy reference;
+    `np_vjp(*inputs, *cotangents)` is the reference's gradient in analytic
+    form (forward ops only: what second-order references differentiate)."""
+
+    def __init__(self, name, ours, builtin, np_fn, inputs, np_vjp=None):
+        self.name, self.ours, self.builtin, self.np_fn = name, ours, builtin, np_fn
+        self.inputs, self.np_vjp = inputs, np_vjp
+
+
+def _builtin_rms_vjp(x, w, g):
+    return list(mx.vjp(lambda x, w: [mx.fast.rms_norm(x, w, EPS)], [x, w], [g])[1])
+
+
+def _builtin_add_vjp(h, w, gy, gh):
+    gx, gw = mx.vjp(lambda h, w: [mx.fast.rms_norm(h, w, EPS)], [h, w], [gy])[1]
+    return [gx + gh, gw]
+
+
+def _builtin_layer_vjp(x, w, b, g):
+    return list(mx.vjp(lambda x, w, b: [mx.fast.layer_norm(x, w, b, EPS)], [x, w, b], [g])[1])
+
+
+def _np_add_vjp(h, w, gy, gh):
+    gx, gw = np_rms_vjp(h, w, gy)
+    return [gx + gh, gw]
+
+
+OPS = {
+    "rms_norm": Op(
+        "rms_norm",
+        lambda x, w: [_ext.rms_norm(x, w, EPS)],
+        lambda x, w: [mx.fast.rms_norm(x, w, EPS)],
+        lambda x, w: [np_rms(x, w)],
+        "xw",
+        np_vjp=lambda x, w, c: np_rms_vjp(x, w, c),
+    ),
+    "add_rms_norm": Op(
+        "add_rms_norm",
+        lambda x, r, w: list(_ext.add_rms_norm(x, r, w, EPS)),
+        lambda x, r, w: [mx.fast.rms_norm(x + r, w, EPS), x + r],
+        np_add,
+        "xxw",
+        np_vjp=np_add_vjp_inputs,
+    ),
+    "layer_norm": Op(
+        "layer_norm",
+        lambda x, w, b: [_ext.layer_norm(x, w, b, EPS)],
+        lambda x, w, b: [mx.fast.layer_norm(x, w, b, EPS)],
+        lambda x, w, b: [np_layer(x, w, b)],
+        "xww",
+        np_vjp=lambda x, w, b, c: np_layer_vjp(x, w, c),
+    ),
+    "rms_norm_vjp": Op(
+        "rms_norm_vjp",
+        lambda x, w, g: list(_ext.rms_norm_vjp(x, w, g, EPS)),
+        _builtin_rms_vjp,
+        np_rms_vjp,
+        "xwx",
+    ),
+    "add_rms_norm_vjp": Op(
+        "add_rms_norm_vjp",
+        lambda h, w, gy, gh: list(_ext.add_rms_norm_vjp(h, w, gy, gh, EPS)),
+        _builtin_add_vjp,
+        _np_add_vjp,
+        "xwxx",
+    ),
+    "layer_norm_vjp": Op(
+        "layer_norm_vjp",
+        lambda x, w, b, g: list(_ext.layer_norm_vjp(x, w, b, g, EPS)),
+        _builtin_layer_vjp,
+        lambda x, w, b, g: np_layer_vjp(x, w, g),
+        "xwwx",
+    ),
+}
+
+
+# --- references of the transforms, by complex steps --------------------------
+
+
+def np_jvp(fn, args, tangents):
+    outs = fn(*[a + 1j * H * t for a, t in zip(args, tangents)])
+    return [o.imag / H for o in outs]
+
+
+def np_vjp(fn, args, cotangents):
+    """sum over outputs of J^T c, one complex step per input element."""
+    grads = []
+    for k, a in enumerate(args):
+        g = np.zeros(a.shape)
+        for j in np.ndindex(*a.shape):
+            t = [np.zeros(b.shape) for b in args]
+            t[k][j] = 1.0
+            g[j] = sum(float(np.sum(d * c)) for d, c in zip(np_jvp(fn, args, t), cotangents))
+        grads.append(g)
+    return grads
+
+
+# --- the transforms: (ours or built-in) -> list of arrays, and the reference --
+
+
+def _rand(shape, seed, dtype):
+    rng = np.random.default_rng(seed)
+    return mx.array(rng.standard_normal(shape).astype(np.float64)).astype(dtype)
+
+
+def _f64(a):
+    return np.array(a.astype(mx.float64, stream=mx.cpu), dtype=np.float64)
+
+
+class Case:
+    """Inputs of one op, with the cotangents, tangents and second batch
+    members the transforms take. `shapes` overrides the shape of the row
+    inputs one by one (add_rms_norm's broadcasts)."""
+
+    def __init__(self, op, shape, x_dtype, w_dtype, shapes=None):
+        self.op = op
+        n = shape[-1]
+        self.args = []
+        for i, kind in enumerate(op.inputs):
+            if kind == "x":
+                self.args.append(_rand(shapes[i] if shapes else shape, 10 + i, x_dtype))
+            else:  # a weight or bias: around 1 for a weight, around 0 for a bias
+                a = _rand((n,), 10 + i, mx.float32) * 0.25 + (1.0 if i == 1 else 0.0)
+                self.args.append(a.astype(w_dtype))
+        self.np_args = [_f64(a) for a in self.args]
+        outs = op.builtin(*self.args)
+        self.cots = [_rand(o.shape, 40 + i, o.dtype) for i, o in enumerate(outs)]
+        self.tans = [_rand(a.shape, 60 + i, a.dtype) for i, a in enumerate(self.args)]
+        self.dcots = [_rand(a.shape, 80 + i, a.dtype) for i, a in enumerate(self.args)]
+        # a second member of each batch, for vmap
+        self.args2 = [_rand(a.shape, 100 + i, a.dtype) + (1.0 if op.inputs[i] == "w" else 0.0)
+                      for i, a in enumerate(self.args)]
+
+
+def _loss(fn, cots):
+    def loss(*a):
+        return sum((o.astype(mx.float64 if o.dtype == mx.float64 else mx.float32) * c).sum()
+                   for o, c in zip(fn(*a), cots))
+
+    return loss
+
+
+def _argnums(case):
+    return tuple(range(len(case.args)))
+
+
+def t_call(fn, case):
+    return fn(*case.args)
+
+
+def r_call(case):
+    return case.op.np_fn(*case.np_args)
+
+
+def t_grad(fn, case):
+    return list(mx.grad(_loss(fn, case.cots), argnums=_argnums(case))(*case.args))
+
+
+def r_grad(case):
+    return np_vjp(case.op.np_fn, case.np_args, [_f64(c) for c in case.cots])
+
+
+def t_vjp(fn, case):
+    return list(mx.vjp(fn, case.args, case.cots)[1])
+
+
+def t_jvp(fn, case):
+    return list(mx.jvp(fn, case.args, case.tans)[1])
+
+
+def r_jvp(case):
+    return np_jvp(case.op.np_fn, case.np_args, [_f64(t) for t in case.tans])
+
+
+def t_grad_of_grad(fn, case):
+    inner = mx.grad(_loss(fn, case.cots), argnums=_argnums(case))
+
+    def outer(*a):
+        return sum((g.astype(mx.float64 if g.dtype == mx.float64 else mx.float32) * d).sum()
+                   for g, d in zip(inner(*a), case.dcots))
+
+    return list(mx.grad(outer, argnums=_argnums(case))(*case.args))
+
+
+def r_grad_of_grad(case):
+    cots = [_f64(c) for c in case.cots]
+    return np_vjp(lambda *a: case.op.np_vjp(*a, *cots), case.np_args,
+                  [_f64(d) for d in case.dcots])
+
+
+def _vmap(mapped, axis=0):
+    def t(fn, case):
+        ins = [mx.stack([a, b], axis=min(axis, a.ndim)) if k in mapped(case) else a
+               for k, (a, b) in enumerate(zip(case.args, case.args2))]
+        axes = tuple(min(axis, a.ndim) if k in mapped(case) else None
+                     for k, a in enumerate(case.args))
+        return list(mx.vmap(lambda *a: fn(*a), in_axes=axes)(*ins))
+
+    def r(case):
+        first = case.op.np_fn(*case.np_args)
+        second = case.op.np_fn(*[_f64(b) if k in mapped(case) else a for k, (a, b)
+                                 in enumerate(zip(case.np_args, case.args2))])
+        return [np.stack([p, q]) for p, q in zip(first, second)]
+
+    return t, r
+
+
+def _all(case):
+    return set(range(len(case.args)))
+
+
+def _weights(case):
+    return {k for k, kind in enumerate(case.op.inputs) if kind == "w"}
+
+
+def _first(case):
+    return {0}
+
+
+def t_compile(fn, case):
+    return list(mx.compile(fn)(*case.args))
+
+
+def t_compile_shapeless(fn, case):
+    return list(mx.compile(fn, shapeless=True)(*case.args))
+
+
+def t_compile_grad(fn, case):
+    return list(mx.compile(lambda *a: mx.grad(_loss(fn, case.cots), argnums=_argnums(case))(*a))(
+        *case.args))
+
+
+def t_compile_grad_shapeless(fn, case):
+    return list(mx.compile(lambda *a: mx.grad(_loss(fn, case.cots), argnums=_argnums(case))(*a),
+                           shapeless=True)(*case.args))
+
+
+TRANSFORMS = {
+    "call": (t_call, r_call),
+    "grad": (t_grad, r_grad),
+    "vjp": (t_vjp, r_grad),
+    "jvp": (t_jvp, r_jvp),
+    "grad_of_grad": (t_grad_of_grad, r_grad_of_grad),
+    "vmap_all": _vmap(_all),
+    "vmap_first": _vmap(_first),
+    "vmap_weights": _vmap(_weights),
+    "vmap_all_axis1": _vmap(_all, axis=1),
+    "vmap_weights_axis1": _vmap(_weights, axis=1),
+    "compile": (t_compile, r_call),
+    "compile_grad": (t_compile_grad, r_grad),
+    "compile_shapeless": (t_compile_shapeless, r_call),
+    "compile_grad_shapeless": (t_compile_grad_shapeless, r_grad),
+}
+
+
+def _normwise(a, ref):
+    a = np.asarray(a, dtype=np.float64)
+    if a.size == 0:
+        return 0.0
+    scale = max(float(np.max(np.abs(ref))), 1e-30)
+    return float(np.max(np.abs(a - ref))) / scale
+
+
+def _tols(case, dtype):
+    """(from the reference, from the built-in). float64 results of float64
+    inputs are exact to float64 rounding; the built-in computes its float64
+    norm in float32 (MLX 0.32.4's fallback casts to float32 and back), hence
+    1e-6 for it. A float64 result of a float32 input (a float64 weight) holds
+    float32 roundings (h = x + residual is stored in float32)."""
+    exact = dtype == mx.float64 and all(a.dtype == mx.float64 for a in case.args)
+    return (1e-10 if exact else 5e-5), (1e-6 if dtype == mx.float64 else 5e-5)
+
+
+def check(op, shape, x_dtype, w_dtype, transforms, shapes=None):
+    """Runs every transform on ours and on the built-in and returns what
+    differs: shapes and dtypes from the built-in's, values from the built-in's
+    and from the float64 reference."""
+    case = Case(op, shape, x_dtype, w_dtype, shapes)
+    # MLX 0.32.4's own LayerNorm backward hangs on the CPU, in about every
+    # other process, on arrays of no elements when a bias is given (the gb
+    # sum): `x = mx.zeros((0, 8)); mx.vjp(lambda x, b: [mx.fast.layer_norm(x,
+    # None, b, 1e-5)], [x, mx.zeros((8,))], [x])`. There ours is held to the
+    # reference alone, under every transform.
+    builtin_hangs = op.name.startswith("layer_norm") and case.args[0].size == 0
+    problems = []
+    for name in transforms:
+        t, r = TRANSFORMS[name]
+        if name == "grad_of_grad" and op.np_vjp is None:
+            continue
+        theirs = None
+        if not builtin_hangs:
+            try:
+                theirs = t(op.builtin, case)
+                mx.eval(theirs)
+            except Exception:  # the built-in does not take it: neither need we
+                continue
+        try:
+            ours = t(op.ours, case)
+            mx.eval(ours)
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"{name}: {type(e).__name__}: {e}")
+            continue
+        ref = r(case)
+        if len(ours) != len(ref) or (theirs is not None and len(ours) != len(theirs)):
+            problems.append(f"{name}: {len(ours)} outputs, the reference {len(ref)}")
+            continue
+        for i, (a, c) in enumerate(zip(ours, ref)):
+            if tuple(c.shape) != tuple(a.shape):
+                problems.append(f"{name}[{i}]: {a.shape}, reference {c.shape}")
+                continue
+            tol_ref, tol_builtin = _tols(case, a.dtype)
+            errors = [("reference", _normwise(_f64(a), c), tol_ref)]
+            if theirs is not None:
+                b = theirs[i]
+                if a.shape != b.shape or a.dtype != b.dtype:
+                    problems.append(f"{name}[{i}]: {a.shape} {a.dtype}, built-in {b.shape} {b.dtype}")
+                    continue
+                errors.append(("built-in", _normwise(_f64(a), _f64(b)), tol_builtin))
+            for what, err, tol in errors:
+                if not err <= tol:
+                    problems.append(f"{name}[{i}]: {err:.2e} from the {what}")
+    return problems
+
+
+# --- the contract ----------------------------------------------------------
+
+# Arrays with no rows, rows of no elements, and leading dimensions of zero.
+EMPTY_SHAPES = [(0, 8), (3, 0), (0,), (2, 0, 8), (0, 0)]
+# Arrays with values: the same transforms, so that the comparisons above are
+# seen to compare something.
+SHAPES = [(3, 8), (2, 3, 8), (8,)]
+# (x's dtype and that of every row input, the weight's and bias's). float64
+# on the CPU stream (MLX's GPU has none: there the built-in refuses it, and so
+# the cases drop out).
+DTYPES = [("float32", "float32"), ("float64", "float64"), ("float32", "float64")]
+
+
+def _transforms(shape):
+    # MLX 0.32.4's mx.compile(..., shapeless=True) crashes the process on
+    # arrays of zero elements, the built-in's and plain ops' alike (segfault
+    # or SIGFPE: `mx.compile(mx.grad(lambda x, w: (x * w).sum(), argnums=(0, 1)),
+    # shapeless=True)(mx.zeros((0, 8)), mx.ones((8,)))`): not taken there.
+    return [t for t in TRANSFORMS if not ("shapeless" in t and 0 in shape)]
+
+
+def _run(device, op, shape, dtypes, shapes=None):
+    with mx.stream(device):
+        problems = check(OPS[op], shape, getattr(mx, dtypes[0]), getattr(mx, dtypes[1]),
+                         _transforms(shape), shapes)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtypes", DTYPES, ids="-".join)
+@pytest.mark.parametrize("shape", EMPTY_SHAPES, ids=str)
+@pytest.mark.parametrize("op", list(OPS))
+def test_empty_arrays_under_every_transform(device, op, shape, dtypes):
+    _run(device, op, shape, dtypes)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtypes", DTYPES, ids="-".join)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("op", list(OPS))
+def test_values_under_every_transform(device, op, shape, dtypes):
+    _run(device, op, shape, dtypes)
+
+
+# x and residual as `x + residual` broadcasts them (h's shape last).
+BROADCASTS = [
+    ((3, 8), (8,)),
+    ((3, 8), (1, 8)),
+    ((8,), (3, 8)),
+    ((1, 8), (3, 8)),
+    ((2, 3, 8), (3, 8)),
+    ((2, 1, 8), (3, 8)),
+    ((3, 1), (3, 8)),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtypes", DTYPES[:2], ids="-".join)
+@pytest.mark.parametrize("shapes", BROADCASTS, ids=str)
+def test_add_rms_norm_broadcasts_like_x_plus_residual(device, shapes, dtypes):
+    # gradients of the smaller input summed over the broadcast axes, as the
+    # composition's; every transform
+    n = np.broadcast_shapes(*shapes)[-1]
+    _run(device, "add_rms_norm", (n,), dtypes, shapes=list(shapes))
+
+
+def test_add_rms_norm_broadcast_h_is_the_full_shape():
+    x, r = mx.ones((3, 8)), mx.arange(8, dtype=mx.float32)
+    y, h = _ext.add_rms_norm(r, x, None, EPS)
+    assert h.shape == y.shape == (3, 8)
+    np.testing.assert_array_equal(np.array(h), np.array(x + r))
+
+
+# --- messages: the op, and the argument by the name the user gave it --------
+
+_x = mx.ones((3, 8))
+_w = mx.ones((8,))
+
+
+@pytest.mark.parametrize(
+    "call,says,never",
+    [
+        (lambda: _ext.add_rms_norm(_x.astype(mx.int32), _x.astype(mx.int32), None, EPS),
+         "[add_rms_norm] Received unsupported type int32", "weight"),
+        (lambda: _ext.add_rms_norm(_x, mx.ones((2, 8)), None, EPS),
+         "[add_rms_norm] x of shape (3, 8) and residual of shape (2, 8) do not broadcast", None),
+        (lambda: _ext.add_rms_norm(_x, _x, mx.ones((3,)), EPS),
+         "[add_rms_norm] weight must be 1-D of the size of the last dimension of x + residual (8)",
+         None),
+        (lambda: _ext.add_rms_norm(mx.array(1.0), mx.array(2.0), None, EPS),
+         "[add_rms_norm] x + residual must have at least 1 dimension", None),
+        (lambda: _ext.add_rms_norm_vjp(_x, mx.ones((4,)), _x, _x, EPS),
+         "[add_rms_norm_vjp] weight must have the same size as the last dimension of h, "
+         "but h has 8", " x"),
+        (lambda: _ext.add_rms_norm_vjp(mx.array(1.0), None, mx.array(1.0), mx.array(1.0), EPS),
+         "[add_rms_norm_vjp] h must have at least 1 dimension", None),
+        (lambda: _ext.add_rms_norm_vjp(_x, _w, _x, _x[:2], EPS),
+         "[add_rms_norm_vjp] g_h must have the shape of h (3, 8) but has shape (2, 8)", "g_y"),
+        (lambda: _ext.add_rms_norm_vjp(_x, _w, _x.astype(mx.int32), _x, EPS),
+         "[add_rms_norm_vjp] g_y must be a floating array but has dtype int32", "g_h"),
+        (lambda: _ext.add_rms_norm_vjp(_x.astype(mx.int32), None, _x, _x, EPS),
+         "[add_rms_norm_vjp] Received unsupported type int32 (the result type of h int32)",
+         "weight"),
+        (lambda: _ext.rms_norm(mx.array(1.0), None, EPS),
+         "[rms_norm] x must have at least 1 dimension", None),
+        (lambda: _ext.rms_norm_vjp(mx.array(1.0), None, mx.array(1.0), EPS),
+         "[rms_norm_vjp] x must have at least 1 dimension", None),
+        (lambda: _ext.layer_norm(mx.array(1.0), None, None, EPS),
+         "[layer_norm] x must have at least 1 dimension", None),
+    ],
+)
+def test_messages_name_the_op_and_the_argument(call, says, never):
+    with pytest.raises(ValueError) as e:
+        call()
+    assert says in str(e.value)
+    if never is not None:
+        assert never not in str(e.value)

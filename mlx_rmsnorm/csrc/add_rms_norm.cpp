@@ -33,30 +33,33 @@ std::vector<mx::array> reference_forward(const mx::array& x, const mx::array& r,
 std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& residual,
                                     const std::optional<mx::array>& weight,
                                     float eps, float offset, mx::StreamOrDevice s) {
-  // x's rank and weight's shape, as rms_norm checks them; the dtype rule is
-  // checked below on x + residual, the array that is normalized.
-  if (x.ndim() == 0) {
-    throw std::invalid_argument(
-        "[add_rms_norm] Input must have at least 1 dimension but got input with 0 "
-        "dimensions.");
+  auto fail = [](const std::string& msg) {
+    throw std::invalid_argument("[add_rms_norm] " + msg);
+  };
+  // h = x + residual takes what MLX's add broadcasts; the checks of rms_norm
+  // then apply to h, the array that is normalized.
+  mx::Shape shape;
+  try {
+    shape = mx::broadcast_shapes(x.shape(), residual.shape());
+  } catch (const std::invalid_argument&) {
+    fail("x of shape " + shape_str(x.shape()) + " and residual of shape " +
+         shape_str(residual.shape()) + " do not broadcast to one shape.");
   }
-  if (weight && (weight->ndim() != 1 || weight->size() != static_cast<size_t>(x.shape(-1)))) {
-    throw std::invalid_argument(
-        "[add_rms_norm] weight must be 1-D of the size of the last dimension of x (" +
-        std::to_string(x.shape(-1)) + ") but has shape " + shape_str(weight->shape()) + ".");
+  if (shape.empty()) {
+    fail("x + residual must have at least 1 dimension but x and residual are scalars.");
+  }
+  if (weight && (weight->ndim() != 1 || weight->shape(0) != shape.back())) {
+    fail("weight must be 1-D of the size of the last dimension of x + residual (" +
+         std::to_string(shape.back()) + ") but has shape " + shape_str(weight->shape()) + ".");
   }
   check_offset("add_rms_norm", weight, offset);
-  if (residual.shape() != x.shape()) {
-    throw std::invalid_argument(
-        "[add_rms_norm] residual must have the shape of x " + shape_str(x.shape()) +
-        " but has shape " + shape_str(residual.shape()) + ".");
-  }
   auto h_type = mx::promote_types(x.dtype(), residual.dtype());
   auto out_type = weight ? mx::promote_types(h_type, weight->dtype()) : h_type;
   if (!mx::issubdtype(out_type, mx::floating)) {
-    throw std::invalid_argument(
-        "[add_rms_norm] Received unsupported type " + dtype_str(out_type) +
-        " (the result type of x + residual and weight); expected a floating type.");
+    fail("Received unsupported type " + dtype_str(out_type) + " (the result type of x " +
+         dtype_str(x.dtype()) + " + residual " + dtype_str(residual.dtype()) +
+         (weight ? " and weight " + dtype_str(weight->dtype()) : "") +
+         "); expected a floating type.");
   }
   if (export_tracing()) {
     auto h = mx::add(x, residual, s);
@@ -70,9 +73,18 @@ std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& residua
     auto h = mx::add(x, residual, stream);
     return {rms_norm(h, weight, eps, stream, offset), h};
   }
-  // x and residual are read in h's dtype (a mixed pair is cast first).
-  auto xh = x.dtype() == h_type ? x : mx::astype(x, h_type, stream);
-  auto rh = residual.dtype() == h_type ? residual : mx::astype(residual, h_type, stream);
+  // x and residual are read in h's dtype (a mixed pair is cast first) and
+  // h's shape: one that broadcasts is expanded first, a view that the CPU
+  // path reads in place and the GPU path copies into a row-contiguous
+  // temporary (one more write and read of h's size: the fused op then moves
+  // about what the unfused add + rms_norm moves). The gradient of the
+  // expanded input is summed back by broadcast_to's own vjp.
+  auto expand = [&](const mx::array& a) {
+    auto c = a.dtype() == h_type ? a : mx::astype(a, h_type, stream);
+    return c.shape() == shape ? c : mx::broadcast_to(c, shape, stream);
+  };
+  auto xh = expand(x);
+  auto rh = expand(residual);
   std::optional<mx::array> w;
   if (weight) w = kernel_input(*weight, out_type, stream);
   // float64 weight: MLX ops in float64 (reference.h); the kernels read
@@ -81,7 +93,7 @@ std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& residua
   std::vector<mx::array> inputs = {xh, rh};
   if (w) inputs.push_back(*w);
   return mx::array::make_arrays(
-      {x.shape(), x.shape()}, {out_type, h_type},
+      {shape, shape}, {out_type, h_type},
       std::make_shared<AddRMSNorm>(stream, eps, weight.has_value(), offset),
       std::move(inputs));
 }

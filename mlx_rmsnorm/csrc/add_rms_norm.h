@@ -16,8 +16,9 @@ namespace mx = mlx::core;
 // `h = x + r; y = norm(h)` in one pass over memory (read x and residual,
 // write y and h). Returns {y, h}; y has dtype result_type(h, weight). The
 // norm reads h as stored (rounded), exactly as the unfused composition does.
-// x and residual must have the same shape; weight is 1-D of size
-// x.shape[-1] or absent; offset (Gemma: 1) scales by offset + weight formed
+// x and residual take any shapes that x + residual broadcasts (the
+// broadcast one is expanded: on the GPU a copy, see add_rms_norm.cpp); weight
+// is 1-D of size h.shape[-1] or absent; offset (Gemma: 1) scales by offset + weight formed
 // in fp32 and needs a weight. While an export is traced the op writes MLX's
 // own ops (x + residual and mx.fast.rms_norm).
 std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& residual,

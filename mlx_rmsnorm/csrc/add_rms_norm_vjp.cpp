@@ -11,6 +11,13 @@ namespace mlx_rmsnorm {
 
 namespace {
 
+std::string shape_str(const mx::Shape& shape) {
+  std::string out = "(";
+  for (size_t i = 0; i < shape.size(); ++i)
+    out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + (shape.size() == 1 ? ",)" : ")");
+}
+
 // The backward as a function of (h, [w,] g_y, g_h) built from MLX ops, which
 // is what jvp, vmap and higher-order vjp differentiate.
 auto reference_backward(float eps, float offset, bool has_w, bool need_gw,
@@ -20,8 +27,9 @@ auto reference_backward(float eps, float offset, bool has_w, bool need_gw,
     const auto& g_h = in.back();
     auto out = reference::backward(h, reference::weight_of(in, has_w),
                                    in[in.size() - 2], eps, need_gw, s, offset);
-    out[0] = mx::astype(mx::add(mx::astype(out[0], mx::float32, s),
-                                mx::astype(g_h, mx::float32, s), s),
+    // gx + g_h in the compute type (float64 for float64), rounded once
+    auto ct = reference::compute_type(h.dtype());
+    out[0] = mx::astype(mx::add(mx::astype(out[0], ct, s), mx::astype(g_h, ct, s), s),
                         h.dtype(), s);
     return out;
   };
@@ -58,12 +66,18 @@ std::vector<mx::array> add_rms_norm_vjp(const mx::array& h,
                                         const mx::array& g_y, const mx::array& g_h,
                                         float eps, float offset, bool need_gw,
                                         mx::StreamOrDevice s) {
-  auto out_type = check_inputs("add_rms_norm_vjp", h, weight);
+  auto out_type = check_inputs("add_rms_norm_vjp", h, weight, "h");
   check_offset("add_rms_norm_vjp", weight, offset);
-  for (const auto* g : {&g_y, &g_h}) {
-    if (g->shape() != h.shape() || !mx::issubdtype(g->dtype(), mx::floating)) {
-      throw std::invalid_argument(
-          "[add_rms_norm_vjp] g_y and g_h must be floating arrays of h's shape.");
+  for (auto [g, name] : {std::pair{&g_y, "g_y"}, std::pair{&g_h, "g_h"}}) {
+    if (g->shape() != h.shape()) {
+      throw std::invalid_argument(std::string("[add_rms_norm_vjp] ") + name +
+                                  " must have the shape of h " + shape_str(h.shape()) +
+                                  " but has shape " + shape_str(g->shape()) + ".");
+    }
+    if (!mx::issubdtype(g->dtype(), mx::floating)) {
+      throw std::invalid_argument(std::string("[add_rms_norm_vjp] ") + name +
+                                  " must be a floating array but has dtype " +
+                                  dtype_str(g->dtype()) + ".");
     }
   }
   auto stream = mx::to_stream(s);

@@ -156,10 +156,17 @@ NB_MODULE(_ext, m) {
         does. Differentiable (both outputs' cotangents; ``x`` and ``residual``
         get the same gradient) through one backward pass.
 
+        ``x`` and ``residual`` take any shapes that ``x + residual``
+        broadcasts (a residual of shape ``(N,)`` or ``(1, N)``, either way
+        round). The smaller one is expanded to ``h``'s shape first: on the
+        GPU a copy, so the fused op then moves about as much memory as the
+        unfused ``x + residual`` and ``rms_norm`` do (no speed-up; same
+        values and gradients, summed back over the broadcast axes).
+
         Args:
-            x (array): Input with at least one dimension.
-            residual (array): Same shape as ``x``.
-            weight (array, optional): 1-D of size ``x.shape[-1]``, or ``None``.
+            x (array): Input; with ``residual`` at least one dimension.
+            residual (array): Added to ``x``; same shape or broadcast.
+            weight (array, optional): 1-D of size ``h.shape[-1]``, or ``None``.
             eps (float): Added to the mean square for numerical stability.
             offset (float): Scale by ``offset + weight`` formed in fp32
               (Gemma: ``1.0``). Needs a weight. Default: ``0``.

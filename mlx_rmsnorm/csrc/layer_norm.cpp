@@ -49,8 +49,7 @@ mx::Dtype check_layer_inputs(const char* op, const mx::array& x,
     throw std::invalid_argument(std::string("[") + op + "] " + msg);
   };
   if (x.ndim() == 0) {
-    fail("Input must have at least 1 dimension but got input with 0 "
-         "dimensions.");
+    fail("x must have at least 1 dimension but got an array with 0 dimensions.");
   }
   auto check_vector = [&](const std::optional<mx::array>& v, const char* name) {
     if (!v) return;

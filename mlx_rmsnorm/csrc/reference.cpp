@@ -28,10 +28,21 @@ mx::array scalar(double v, mx::Dtype t) { return mx::array(v, t); }
 // float64, vmap and higher-order gradients compile with shapeless=True.
 mx::array rstd(const mx::array& x, float eps, mx::Stream s) {
   auto t = x.dtype();
+  // Rows of no elements (x of shape (..., 0)): nothing to scale, and no max
+  // to take (MLX refuses to reduce an empty axis); r is then what the plain
+  // formula gives, and every result that reads it is empty.
+  if (x.shape(-1) == 0) {
+    return mx::rsqrt(
+        mx::add(mx::mean(mx::square(x, s), -1, /*keepdims=*/true, s), scalar(eps, t), s), s);
+  }
   // The clip keeps k finite for zero rows (eps = 0) and inf/nan inputs
   // (which then give what the plain formula gives: r = inf, 0, nan).
   constexpr double kBound = 18446744073709551616.0;  // 2^64
-  auto a = mx::max(mx::abs(x, s), -1, /*keepdims=*/true, s);
+  // k is computed from x with its gradient stopped at the start, not only at
+  // the end: mx::jvp skips what descends from a StopGradient node, whereas a
+  // max of x itself would get its tangent formed (MLX's takes an argmax,
+  // which refuses arrays of no rows) only for it to be stopped.
+  auto a = mx::max(mx::abs(mx::stop_gradient(x, s), s), -1, /*keepdims=*/true, s);
   a = mx::maximum(a, scalar(std::sqrt(static_cast<double>(eps)), t), s);
   a = mx::clip(a, scalar(1.0 / kBound, t), scalar(kBound, t), s);
   auto k = mx::stop_gradient(

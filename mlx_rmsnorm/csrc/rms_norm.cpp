@@ -34,13 +34,13 @@ bool set_export_tracing(bool on) {
 }
 
 mx::Dtype check_inputs(const char* op, const mx::array& x,
-                       const std::optional<mx::array>& weight) {
+                       const std::optional<mx::array>& weight, const char* x_name) {
   auto fail = [op](const std::string& msg) {
     throw std::invalid_argument(std::string("[") + op + "] " + msg);
   };
+  const std::string xn = x_name;
   if (x.ndim() == 0) {
-    fail("Input must have at least 1 dimension but got input with 0 "
-         "dimensions.");
+    fail(xn + " must have at least 1 dimension but got an array with 0 dimensions.");
   }
   if (weight) {
     if (weight->ndim() != 1) {
@@ -48,16 +48,16 @@ mx::Dtype check_inputs(const char* op, const mx::array& x,
            std::to_string(weight->ndim()) + " dimensions.");
     }
     if (weight->size() != static_cast<size_t>(x.shape(-1))) {
-      fail("weight must have the same size as the last dimension of x, but "
-           "x has " + std::to_string(x.shape(-1)) + " and weight has " +
+      fail("weight must have the same size as the last dimension of " + xn + ", but " +
+           xn + " has " + std::to_string(x.shape(-1)) + " and weight has " +
            std::to_string(weight->size()) + " elements.");
     }
   }
   // The built-in's rule: any inputs whose result type is floating.
   auto out_type = reference::result_type(x, weight);
   if (!mx::issubdtype(out_type, mx::floating)) {
-    fail("Received unsupported type " + dtype_str(out_type) +
-         " (the result type of x " + dtype_str(x.dtype()) +
+    fail("Received unsupported type " + dtype_str(out_type) + " (the result type of " + xn +
+         " " + dtype_str(x.dtype()) +
          (weight ? " and weight " + dtype_str(weight->dtype()) : "") +
          "); expected a floating type.");
   }

@@ -35,9 +35,10 @@ mx::array builtin_rms_norm(const mx::array& x, const std::optional<mx::array>& w
                            float eps, float offset, mx::StreamOrDevice s);
 
 // Validates x and weight as mx.fast.rms_norm does (ValueError on the Python
-// side) and returns the output dtype. `op` prefixes the messages.
+// side) and returns the output dtype. `op` prefixes the messages, which call
+// x `x_name` (the op's own name for its argument).
 mx::Dtype check_inputs(const char* op, const mx::array& x,
-                       const std::optional<mx::array>& weight);
+                       const std::optional<mx::array>& weight, const char* x_name = "x");
 
 // The dtypes our primitives (and so the kernels) take.
 inline bool is_kernel_dtype(mx::Dtype t) {
