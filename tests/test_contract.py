@@ -441,7 +441,12 @@ def check(op, shape, x_dtype, w_dtype, transforms, shapes=None):
     # sum): `x = mx.zeros((0, 8)); mx.vjp(lambda x, b: [mx.fast.layer_norm(x,
     # None, b, 1e-5)], [x, mx.zeros((8,))], [x])`. There ours is held to the
     # reference alone, under every transform.
-    builtin_hangs = op.name.startswith("layer_norm") and case.args[0].size == 0
+    # On the GPU, MLX 0.32.4's own rms_norm / layer_norm kernels stop the
+    # process (SIGFPE) on arrays of no elements (seen on the H200 in this
+    # test): there too ours is held to the reference alone.
+    empty = case.args[0].size == 0
+    on_gpu = mx.default_stream(mx.default_device()).device == mx.gpu
+    builtin_hangs = empty and (op.name.startswith("layer_norm") or on_gpu)
     problems = []
     for name in transforms:
         t, r = TRANSFORMS[name]

@@ -89,7 +89,8 @@ std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& residua
   if (weight) w = kernel_input(*weight, out_type, stream);
   // float64 weight: MLX ops in float64 (reference.h); the kernels read
   // 16/32-bit floats.
-  if (out_type == mx::float64) return reference_forward(xh, rh, w, eps, offset, stream);
+  // (and no elements: no kernel launch, as in rms_norm)
+  if (out_type == mx::float64 || xh.size() == 0) return reference_forward(xh, rh, w, eps, offset, stream);
   std::vector<mx::array> inputs = {xh, rh};
   if (w) inputs.push_back(*w);
   return mx::array::make_arrays(

@@ -87,8 +87,8 @@ std::vector<mx::array> add_rms_norm_vjp(const mx::array& h,
   auto gy = g_y.dtype() == out_type ? g_y : mx::astype(g_y, out_type, stream);
   auto gh = g_h.dtype() == hk.dtype() ? g_h : mx::astype(g_h, hk.dtype(), stream);
   need_gw = need_gw && w.has_value();
-  if (export_tracing() || out_type == mx::float64 || hk.dtype() == mx::float64) {
-    // MLX ops: what the export writes, and float64.
+  if (export_tracing() || out_type == mx::float64 || hk.dtype() == mx::float64 || hk.size() == 0) {
+    // MLX ops: what the export writes, float64, and arrays of no elements.
     std::vector<mx::array> in = {hk};
     if (w) in.push_back(*w);
     in.push_back(gy);

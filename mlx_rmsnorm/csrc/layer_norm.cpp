@@ -173,7 +173,8 @@ mx::array layer_norm(const mx::array& x, const std::optional<mx::array>& weight,
   if (weight) inputs.push_back(kernel_input(*weight, out_type, stream));
   if (bias) inputs.push_back(kernel_input(*bias, out_type, stream));
   const bool has_w = weight.has_value(), has_b = bias.has_value();
-  if (out_type == mx::float64) {
+  // (and no elements: no kernel launch, as in rms_norm)
+  if (out_type == mx::float64 || x.size() == 0) {
     return layer_reference::forward(inputs[0], weight_in(inputs, has_w),
                                     bias_in(inputs, has_w, has_b), eps, out_type, stream);
   }

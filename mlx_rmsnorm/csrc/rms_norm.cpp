@@ -97,7 +97,9 @@ mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight,
   std::vector<mx::array> inputs = {kernel_input(x, out_type, stream)};
   if (weight) inputs.push_back(kernel_input(*weight, out_type, stream));
   // float64: MLX ops in float64 (reference.h); the kernels read 16/32-bit floats.
-  if (out_type == mx::float64) {
+  // No elements: MLX ops too, no kernel launch (MLX 0.32.4's own GPU norm
+  // kernels stop the process with SIGFPE on such arrays).
+  if (out_type == mx::float64 || x.size() == 0) {
     return reference::forward(inputs[0], reference::weight_of(inputs, weight.has_value()),
                               eps, stream, offset);
   }

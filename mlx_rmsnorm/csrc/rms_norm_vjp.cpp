@@ -103,7 +103,8 @@ std::vector<mx::array> rms_norm_vjp(const mx::array& x,
   std::optional<mx::array> w;
   if (weight) w = kernel_input(*weight, out_type, stream);
   // float64: MLX ops in float64 (reference.h); the kernels read 16/32-bit floats.
-  if (out_type == mx::float64) return reference::backward(xk, w, g, eps, need_gw, stream);
+  // (and no elements: no kernel launch, as in rms_norm)
+  if (out_type == mx::float64 || x.size() == 0) return reference::backward(xk, w, g, eps, need_gw, stream);
   // g is read in the dtype of y, the tensor it is the gradient of.
   auto gc = g.dtype() == out_type ? g : mx::astype(g, out_type, stream);
   return detail::make_vjp(xk, w, gc, eps, algorithm, need_gw, stream);
