@@ -90,6 +90,7 @@ std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& residua
   // float64 weight: MLX ops in float64 (reference.h); the kernels read
   // 16/32-bit floats.
   // (and no elements: no kernel launch, as in rms_norm)
+  check_not_empty_on_gpu("add_rms_norm", xh, stream);
   if (out_type == mx::float64 || xh.size() == 0) return reference_forward(xh, rh, w, eps, offset, stream);
   std::vector<mx::array> inputs = {xh, rh};
   if (w) inputs.push_back(*w);

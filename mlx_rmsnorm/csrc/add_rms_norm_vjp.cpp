@@ -87,6 +87,7 @@ std::vector<mx::array> add_rms_norm_vjp(const mx::array& h,
   auto gy = g_y.dtype() == out_type ? g_y : mx::astype(g_y, out_type, stream);
   auto gh = g_h.dtype() == hk.dtype() ? g_h : mx::astype(g_h, hk.dtype(), stream);
   need_gw = need_gw && w.has_value();
+  check_not_empty_on_gpu("add_rms_norm_vjp", hk, stream);
   if (export_tracing() || out_type == mx::float64 || hk.dtype() == mx::float64 || hk.size() == 0) {
     // MLX ops: what the export writes, float64, and arrays of no elements.
     std::vector<mx::array> in = {hk};

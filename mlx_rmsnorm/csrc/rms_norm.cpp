@@ -72,6 +72,15 @@ void check_offset(const char* op, const std::optional<mx::array>& weight,
   }
 }
 
+void check_not_empty_on_gpu(const char* op, const mx::array& x, const mx::Stream& s) {
+  if (x.size() == 0 && s.device.type == mx::Device::DeviceType::gpu) {
+    throw std::invalid_argument(
+        std::string("[") + op + "] arrays of no elements are not supported on the GPU (MLX's " +
+        "GPU reductions, mx.fast's norms included, stop the process on them); compute " +
+        "them on the CPU stream (stream=mx.cpu).");
+  }
+}
+
 mx::array builtin_rms_norm(const mx::array& x, const std::optional<mx::array>& w,
                            float eps, float offset, mx::StreamOrDevice s) {
   if (offset == 0.f || !w) return mx::fast::rms_norm(x, w, eps, s);
@@ -99,6 +108,7 @@ mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight,
   // float64: MLX ops in float64 (reference.h); the kernels read 16/32-bit floats.
   // No elements: MLX ops too, no kernel launch (MLX 0.32.4's own GPU norm
   // kernels stop the process with SIGFPE on such arrays).
+  check_not_empty_on_gpu("rms_norm", x, stream);
   if (out_type == mx::float64 || x.size() == 0) {
     return reference::forward(inputs[0], reference::weight_of(inputs, weight.has_value()),
                               eps, stream, offset);

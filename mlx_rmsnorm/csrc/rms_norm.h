@@ -28,6 +28,12 @@ mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight,
 void check_offset(const char* op, const std::optional<mx::array>& weight,
                   float offset);
 
+// Throws (ValueError in Python) for an array of no elements on a GPU stream:
+// there MLX 0.32.4's reductions, its own norms' included, stop the process
+// with SIGFPE (seen on the H200), so neither our kernels nor MLX ops can
+// compute it. On the CPU such arrays take the MLX-ops path.
+void check_not_empty_on_gpu(const char* op, const mx::array& x, const mx::Stream& s);
+
 // What mx.fast.rms_norm computes for our y = rms_norm(x) * (offset + w):
 // the exported form (MLX ops only) of a norm with an offset. With offset 0
 // it is the built-in's own call.

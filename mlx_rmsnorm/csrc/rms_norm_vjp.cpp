@@ -104,6 +104,7 @@ std::vector<mx::array> rms_norm_vjp(const mx::array& x,
   if (weight) w = kernel_input(*weight, out_type, stream);
   // float64: MLX ops in float64 (reference.h); the kernels read 16/32-bit floats.
   // (and no elements: no kernel launch, as in rms_norm)
+  check_not_empty_on_gpu("rms_norm_vjp", x, stream);
   if (out_type == mx::float64 || x.size() == 0) return reference::backward(xk, w, g, eps, need_gw, stream);
   // g is read in the dtype of y, the tensor it is the gradient of.
   auto gc = g.dtype() == out_type ? g : mx::astype(g, out_type, stream);
