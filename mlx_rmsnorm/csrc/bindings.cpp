@@ -17,10 +17,11 @@
 
 #include "rmsnorm.h"  // cuda/: device_family
 #endif
-#include "layer_norm.h"
-#include "layer_norm_vjp.h"
 #include "add_rms_norm.h"
 #include "add_rms_norm_vjp.h"
+#include "layer_norm.h"
+#include "layer_norm_vjp.h"
+#include "op_util.h"
 #include "rms_norm.h"
 #include "rms_norm_vjp.h"
 

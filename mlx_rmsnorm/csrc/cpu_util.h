@@ -1,4 +1,4 @@
-// Helpers of the primitives' CPU evaluation (eval_cpu.cpp, layer_norm_cpu.cpp):
+// Helpers of the primitives' CPU evaluation (<op>_cpu.cpp):
 // rows of any layout read into fp32, stores in the output's dtype, and the
 // blocked fp32 sums.
 #pragma once
@@ -10,6 +10,7 @@
 
 #include "mlx/allocator.h"
 #include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
 
 namespace mlx_rmsnorm::cpu {
 
@@ -109,8 +110,47 @@ inline float blocked_sum(int n, Term term) {
   return total;
 }
 
+// The scale offset + w in fp32 (Gemma's 1 + w, not rounded to w's dtype).
+inline void load_scale(const Rows& wr, int n, float offset, float* dst) {
+  wr.load(0, n, dst);
+  if (offset != 0.f)
+    for (int i = 0; i < n; ++i) dst[i] += offset;
+}
+
+// A column sum (gw, gb) over rows in fp32, in blocks of kBlock rows: each
+// block summed on its own, then added to the total, as the GPU's per-unit
+// partials are. Of n columns, or none (a sum that is not wanted).
+struct ColumnSum {
+  std::vector<float> total, part;
+  explicit ColumnSum(int n) : total(n, 0.f), part(n, 0.f) {}
+  void add(int i, float v) { part[i] += v; }
+  // After row r of `rows`: a finished block goes into the total.
+  void end_row(int64_t r, int64_t rows) {
+    if ((r + 1) % kBlock != 0 && r + 1 != rows) return;
+    for (size_t i = 0; i < part.size(); ++i) total[i] += part[i], part[i] = 0.f;
+  }
+};
+
 inline void allocate(mx::array& out) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
+}
+
+// The start of every eval_cpu: the outputs allocated and every array
+// declared to the stream's encoder (which keeps them alive until the queued
+// work has run). Returns the encoder.
+inline mx::cpu::CommandEncoder& begin(const mx::Stream& s, const std::vector<mx::array>& inputs,
+                                      std::vector<mx::array>& outputs) {
+  for (auto& o : outputs) allocate(o);
+  auto& enc = mx::cpu::get_command_encoder(s);
+  for (auto& a : inputs) enc.set_input_array(a);
+  for (auto& o : outputs) enc.set_output_array(o);
+  return enc;
+}
+
+// How many rows of a's last dimension a holds (none when that is 0).
+inline int64_t row_count(const mx::array& a) {
+  const int n = a.shape(-1);
+  return n == 0 ? 0 : static_cast<int64_t>(a.size() / n);
 }
 
 }  // namespace mlx_rmsnorm::cpu

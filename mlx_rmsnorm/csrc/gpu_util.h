@@ -1,4 +1,4 @@
-// Helpers of the primitives' GPU evaluation (eval_gpu.cpp defines them),
+// Helpers of the primitives' GPU evaluation (gpu_util.cpp defines them),
 // shared by every op's eval_gpu: dtypes, device addresses, output and scratch
 // memory, recording a kernel into MLX's graph, gathering strided inputs.
 // CUDA flavor of MLX only (MLX_RMSNORM_CUDA).

@@ -1,15 +1,13 @@
 #include "layer_norm.h"
 
-#include <algorithm>
 #include <numeric>
-#include <stdexcept>
 
 #include "layer_norm_vjp.h"
 #include "mlx/fast.h"
 #include "mlx/ops.h"
 #include "mlx/transforms.h"
+#include "op_util.h"
 #include "reference.h"
-#include "rms_norm.h"  // dtype_str, kernel_input, export_tracing
 #ifdef MLX_RMSNORM_CUDA
 #include "gpu_util.h"
 #endif
@@ -20,17 +18,6 @@ namespace {
 
 mx::array scalar(double v, mx::Dtype t) { return mx::array(v, t); }
 
-// Inputs of the primitives: (x, [w], [b]).
-std::optional<mx::array> weight_in(const std::vector<mx::array>& in, bool has_w) {
-  if (!has_w) return std::nullopt;
-  return in[1];
-}
-std::optional<mx::array> bias_in(const std::vector<mx::array>& in, bool has_w,
-                                 bool has_b) {
-  if (!has_b) return std::nullopt;
-  return in[has_w ? 2 : 1];
-}
-
 // The built-in's output dtype: a weight promotes (with the bias, if any); a
 // bias alone does not.
 mx::Dtype out_type_of(const mx::array& x, const std::optional<mx::array>& w,
@@ -40,41 +27,17 @@ mx::Dtype out_type_of(const mx::array& x, const std::optional<mx::array>& w,
            : mx::promote_types(x.dtype(), w->dtype());
 }
 
-}  // namespace
-
-mx::Dtype check_layer_inputs(const char* op, const mx::array& x,
-                             const std::optional<mx::array>& weight,
-                             const std::optional<mx::array>& bias) {
-  auto fail = [op](const std::string& msg) {
-    throw std::invalid_argument(std::string("[") + op + "] " + msg);
-  };
-  if (x.ndim() == 0) {
-    fail("x must have at least 1 dimension but got an array with 0 dimensions.");
-  }
-  auto check_vector = [&](const std::optional<mx::array>& v, const char* name) {
-    if (!v) return;
-    if (v->ndim() != 1) {
-      fail(std::string(name) + " must have 1 dimension but has " +
-           std::to_string(v->ndim()) + " dimensions.");
-    }
-    if (v->size() != static_cast<size_t>(x.shape(-1))) {
-      fail(std::string(name) +
-           " must have the same size as the last dimension of x, but x has " +
-           std::to_string(x.shape(-1)) + " and " + name + " has " +
-           std::to_string(v->size()) + " elements.");
-    }
-  };
-  check_vector(weight, "weight");
-  check_vector(bias, "bias");
-  auto out_type = out_type_of(x, weight, bias);
-  if (!mx::issubdtype(out_type, mx::floating)) {
-    fail("Received unsupported type " + dtype_str(out_type) + " (the result type of x " +
-         dtype_str(x.dtype()) + (weight ? " and weight " + dtype_str(weight->dtype()) : "") +
-         (weight && bias ? " and bias " + dtype_str(bias->dtype()) : "") +
-         "); expected a floating type.");
-  }
-  return out_type;
+// (x, [w], [b]) of the op's inputs, cast as layer_norm casts them.
+std::optional<mx::array> weight_in(const std::vector<mx::array>& in, bool has_w) {
+  if (!has_w) return std::nullopt;
+  return in[1];
 }
+std::optional<mx::array> bias_in(const std::vector<mx::array>& in, bool has_w, bool has_b) {
+  if (!has_b) return std::nullopt;
+  return in[has_w ? 2 : 1];
+}
+
+}  // namespace
 
 namespace layer_reference {
 
@@ -117,10 +80,8 @@ std::vector<mx::array> backward(const mx::array& x, const std::optional<mx::arra
 
 }  // namespace layer_reference
 
-namespace {
+namespace detail {
 
-// Whether our kernels take this call on a GPU stream (both directions have a
-// plan); elsewhere the built-in does.
 bool gpu_planned(mx::Dtype x_type, mx::Dtype out_type, int n, const mx::Stream& s) {
 #ifdef MLX_RMSNORM_CUDA
   gpu::use_device(s);
@@ -130,12 +91,6 @@ bool gpu_planned(mx::Dtype x_type, mx::Dtype out_type, int n, const mx::Stream& 
   return false;
 #endif
 }
-
-bool on_gpu(const mx::Stream& s) { return s.device.type == mx::Device::DeviceType::gpu; }
-
-}  // namespace
-
-namespace detail {
 
 bool vector_rows(mx::Dtype x_type, int n) {
   return n % (16 / static_cast<int>(mx::size_of(x_type))) == 0;
@@ -151,12 +106,12 @@ mx::array builtin_forward_reference_backward(const std::vector<mx::array>& input
   auto vjp = [has_w, has_b, eps, s](const std::vector<mx::array>& primals,
                                     const std::vector<mx::array>& cotangents,
                                     const std::vector<mx::array>&) {
-    auto w = weight_in(primals, has_w);
     auto b = bias_in(primals, has_w, has_b);
     std::optional<mx::Dtype> gb_dtype;
     if (b) gb_dtype = b->dtype();
     // (gx, [gw], [gb]): the primals' order
-    return layer_reference::backward(primals[0], w, cotangents[0], eps, true, gb_dtype, s);
+    return layer_reference::backward(primals[0], weight_in(primals, has_w), cotangents[0], eps,
+                                     true, gb_dtype, s);
   };
   return mx::custom_function(fun, vjp)(inputs)[0];
 }
@@ -166,7 +121,7 @@ mx::array builtin_forward_reference_backward(const std::vector<mx::array>& input
 mx::array layer_norm(const mx::array& x, const std::optional<mx::array>& weight,
                      const std::optional<mx::array>& bias, float eps,
                      mx::StreamOrDevice s) {
-  auto out_type = check_layer_inputs("layer_norm", x, weight, bias);
+  auto out_type = check_inputs("layer_norm", x, weight, bias);
   if (export_tracing()) return mx::fast::layer_norm(x, weight, bias, eps, s);
   auto stream = mx::to_stream(s);
   std::vector<mx::array> inputs = {kernel_input(x, out_type, stream)};
@@ -179,7 +134,8 @@ mx::array layer_norm(const mx::array& x, const std::optional<mx::array>& weight,
     return layer_reference::forward(inputs[0], weight_in(inputs, has_w),
                                     bias_in(inputs, has_w, has_b), eps, out_type, stream);
   }
-  if (on_gpu(stream) && !gpu_planned(inputs[0].dtype(), out_type, x.shape(-1), stream)) {
+  if (stream.device.type == mx::Device::DeviceType::gpu &&
+      !detail::gpu_planned(inputs[0].dtype(), out_type, x.shape(-1), stream)) {
     // Rows too long for our tables: the built-in, both directions. Rows that
     // are not a whole number of 16-byte vectors: the built-in's forward but
     // our fp32 reference backward, since MLX 0.32.4's LayerNormVJP on the GPU
@@ -189,27 +145,26 @@ mx::array layer_norm(const mx::array& x, const std::optional<mx::array>& weight,
       return mx::fast::layer_norm(x, weight, bias, eps, s);
     return detail::builtin_forward_reference_backward(inputs, has_w, has_b, eps, stream);
   }
-  return mx::array(x.shape(), out_type,
-                   std::make_shared<LayerNorm>(stream, eps, has_w, has_b),
-                   std::move(inputs));
+  NormParams p{.eps = eps, .has_weight = has_w, .has_bias = has_b};
+  return NormPrimitive::make(std::make_shared<LayerNorm>(stream, p), std::move(inputs),
+                             {out_type})[0];
+}
+
+std::vector<mx::array> LayerNorm::reference(const std::vector<mx::array>& in) {
+  auto w = weight(in), b = bias(in);
+  return {layer_reference::forward(in[0], w, b, eps(), out_type_of(in[0], w, b), stream())};
 }
 
 std::vector<mx::array> LayerNorm::vjp(const std::vector<mx::array>& primals,
                                       const std::vector<mx::array>& cotangents,
                                       const std::vector<int>& argnums,
                                       const std::vector<mx::array>&) {
-  auto w = weight_in(primals, has_weight_);
-  auto b = bias_in(primals, has_weight_, has_bias_);
-  const int w_arg = has_weight_ ? 1 : -1;
-  const int b_arg = has_bias_ ? (has_weight_ ? 2 : 1) : -1;
-  auto wanted = [&](int i) {
-    return i >= 0 && std::find(argnums.begin(), argnums.end(), i) != argnums.end();
-  };
-  const bool need_gw = wanted(w_arg), need_gb = wanted(b_arg);
-  auto out_type = out_type_of(primals[0], w, b);
-  auto g = cotangents[0];
-  if (g.dtype() != out_type) g = mx::astype(g, out_type, stream());
-  auto grads = detail::make_layer_vjp(primals[0], w, b, g, eps_, need_gw, need_gb, stream());
+  auto w = weight(primals), b = bias(primals);
+  const int w_arg = has_weight() ? 1 : -1;
+  const int b_arg = has_bias() ? (has_weight() ? 2 : 1) : -1;
+  const bool need_gw = wanted(argnums, w_arg), need_gb = wanted(argnums, b_arg);
+  auto g = cast(cotangents[0], out_type_of(primals[0], w, b), stream());
+  auto grads = detail::make_layer_vjp(primals[0], w, b, g, eps(), need_gw, need_gb, stream());
   std::vector<mx::array> out;
   out.reserve(argnums.size());
   for (int i : argnums) {
@@ -218,47 +173,6 @@ std::vector<mx::array> LayerNorm::vjp(const std::vector<mx::array>& primals,
     else out.push_back(grads[need_gw ? 2 : 1]);
   }
   return out;
-}
-
-std::vector<mx::array> LayerNorm::jvp(const std::vector<mx::array>& primals,
-                                      const std::vector<mx::array>& tangents,
-                                      const std::vector<int>& argnums) {
-  auto all_tangents = reference::full_tangents(primals, tangents, argnums, stream());
-  float eps = eps_;
-  bool has_w = has_weight_, has_b = has_bias_;
-  auto s = stream();
-  auto f = [eps, has_w, has_b, s](const std::vector<mx::array>& in) {
-    auto w = weight_in(in, has_w), b = bias_in(in, has_w, has_b);
-    return std::vector<mx::array>{
-        layer_reference::forward(in[0], w, b, eps, out_type_of(in[0], w, b), s)};
-  };
-  return mx::jvp(f, primals, all_tangents).second;
-}
-
-std::pair<std::vector<mx::array>, std::vector<int>> LayerNorm::vmap(
-    const std::vector<mx::array>& inputs, const std::vector<int>& axes) {
-  auto w = weight_in(inputs, has_weight_);
-  auto b = bias_in(inputs, has_weight_, has_bias_);
-  bool others_mapped = std::any_of(axes.begin() + 1, axes.end(), [](int a) { return a >= 0; });
-  if (!others_mapped) {
-    // Only x carries the batch: put it in front and normalize as usual.
-    auto x = mx::moveaxis(inputs[0], axes[0], 0, stream());
-    return {{layer_norm(x, w, b, eps_, stream())}, {0}};
-  }
-  float eps = eps_;
-  bool has_w = has_weight_, has_b = has_bias_;
-  auto s = stream();
-  auto f = [eps, has_w, has_b, s](const std::vector<mx::array>& in) {
-    auto w = weight_in(in, has_w), b = bias_in(in, has_w, has_b);
-    return std::vector<mx::array>{
-        layer_reference::forward(in[0], w, b, eps, out_type_of(in[0], w, b), s)};
-  };
-  return {mx::vmap(f, axes, {0})(inputs), {0}};
-}
-
-bool LayerNorm::is_equivalent(const mx::Primitive& other) const {
-  auto& o = static_cast<const LayerNorm&>(other);
-  return eps_ == o.eps_ && has_weight_ == o.has_weight_ && has_bias_ == o.has_bias_;
 }
 
 }  // namespace mlx_rmsnorm

@@ -1,15 +1,12 @@
-// LayerNorm forward: the op and its primitive.
+// LayerNorm forward: the op, its primitive, and LayerNorm in MLX ops.
 #pragma once
 
 #include <optional>
 #include <vector>
 
-#include "mlx/primitives.h"
-#include "mlx/utils.h"
+#include "norm_primitive.h"
 
 namespace mlx_rmsnorm {
-
-namespace mx = mlx::core;
 
 // y = (x - mean(x)) * rsqrt(var(x) + eps) * weight + bias over the last axis,
 // with the contract of mx.fast.layer_norm: x has at least one dimension,
@@ -26,13 +23,10 @@ mx::array layer_norm(const mx::array& x, const std::optional<mx::array>& weight,
                      const std::optional<mx::array>& bias, float eps,
                      mx::StreamOrDevice s = {});
 
-// Validates x, weight and bias as mx.fast.layer_norm does (ValueError on the
-// Python side) and returns the output dtype.
-mx::Dtype check_layer_inputs(const char* op, const mx::array& x,
-                             const std::optional<mx::array>& weight,
-                             const std::optional<mx::array>& bias);
-
 namespace detail {
+// Whether our kernels take rows of n elements on this GPU stream (both
+// directions have a plan); false on the CPU flavor.
+bool gpu_planned(mx::Dtype x_type, mx::Dtype out_type, int n, const mx::Stream& s);
 // Whether rows of n elements of x_type are a whole number of 16-byte vectors.
 bool vector_rows(mx::Dtype x_type, int n);
 // mx.fast.layer_norm's forward with layer_reference's backward as its vjp,
@@ -44,8 +38,8 @@ mx::array builtin_forward_reference_backward(const std::vector<mx::array>& input
 }  // namespace detail
 
 // LayerNorm in MLX ops, computed in fp32 (float64 for float64 results): the
-// float64 path, and the functions that jvp, vmap and second-order vjp
-// differentiate. The same formulas as row_math.cuh's LayerRow.
+// float64 path, and the primitives' references. The same formulas as
+// row_math.cuh's LayerRow.
 namespace layer_reference {
 mx::array forward(const mx::array& x, const std::optional<mx::array>& w,
                   const std::optional<mx::array>& b, float eps, mx::Dtype out_type,
@@ -57,43 +51,10 @@ std::vector<mx::array> backward(const mx::array& x, const std::optional<mx::arra
                                 std::optional<mx::Dtype> gb_dtype, mx::Stream s);
 }  // namespace layer_reference
 
-// Inputs (x, [w], [b]).
-class LayerNorm : public mx::Primitive {
- public:
-  LayerNorm(mx::Stream stream, float eps, bool has_weight, bool has_bias)
-      : mx::Primitive(stream), eps_(eps), has_weight_(has_weight), has_bias_(has_bias) {}
-
-  void eval_cpu(const std::vector<mx::array>& inputs,
-                std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>& inputs,
-                std::vector<mx::array>& outputs) override;
-
-  std::vector<mx::array> jvp(const std::vector<mx::array>& primals,
-                             const std::vector<mx::array>& tangents,
-                             const std::vector<int>& argnums) override;
-  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
-                             const std::vector<mx::array>& cotangents,
-                             const std::vector<int>& argnums,
-                             const std::vector<mx::array>& outputs) override;
-  std::pair<std::vector<mx::array>, std::vector<int>> vmap(
-      const std::vector<mx::array>& inputs,
-      const std::vector<int>& axes) override;
-  std::vector<mx::Shape> output_shapes(
-      const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
-  }
-
-  const char* name() const override { return "LayerNormPlugin"; }
-  bool is_equivalent(const mx::Primitive& other) const override;
-
-  float eps() const { return eps_; }
-  bool has_weight() const { return has_weight_; }
-  bool has_bias() const { return has_bias_; }
-
- private:
-  float eps_;
-  bool has_weight_;
-  bool has_bias_;
+// Inputs (x, [w], [b]); output y. Params: eps, has_weight, has_bias.
+class LayerNorm : public NormPrimitive {
+  MLX_RMSNORM_NORM_PRIMITIVE(LayerNorm, "LayerNormPlugin")
+  MLX_RMSNORM_NORM_VJP
 };
 
 }  // namespace mlx_rmsnorm

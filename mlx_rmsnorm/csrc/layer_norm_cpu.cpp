@@ -7,7 +7,6 @@
 #include "cpu_util.h"
 #include "layer_norm.h"
 #include "layer_norm_vjp.h"
-#include "mlx/backend/cpu/encoder.h"
 
 namespace mlx_rmsnorm {
 
@@ -17,15 +16,12 @@ void LayerNorm::eval_cpu(const std::vector<mx::array>& inputs,
                          std::vector<mx::array>& outputs) {
   const mx::array& x = inputs[0];
   mx::array& y = outputs[0];
-  allocate(y);
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (auto& a : inputs) enc.set_input_array(a);
-  enc.set_output_array(y);
+  auto& enc = begin(stream(), inputs, outputs);
 
   const int n = x.shape(-1);
-  const int64_t rows = n == 0 ? 0 : x.size() / n;
-  const bool has_w = has_weight_, has_b = has_bias_;
-  const float eps = eps_;
+  const int64_t rows = row_count(x);
+  const bool has_w = has_weight(), has_b = has_bias();
+  const float eps = this->eps();
   Rows xr = Rows::of(x);
   Rows wr = Rows::of(has_w ? inputs[1] : x);
   Rows br = Rows::of(has_b ? inputs[has_w ? 2 : 1] : x);
@@ -51,15 +47,12 @@ void LayerNormVJP::eval_cpu(const std::vector<mx::array>& inputs,
                             std::vector<mx::array>& outputs) {
   const mx::array& x = inputs[0];
   const mx::array& g = inputs.back();
-  for (auto& o : outputs) allocate(o);
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (auto& a : inputs) enc.set_input_array(a);
-  for (auto& o : outputs) enc.set_output_array(o);
+  auto& enc = begin(stream(), inputs, outputs);
 
   const int n = x.shape(-1);
-  const int64_t rows = n == 0 ? 0 : x.size() / n;
-  const bool has_w = has_weight_, with_gw = has_gw(), with_gb = need_gb_;
-  const float eps = eps_;
+  const int64_t rows = row_count(x);
+  const bool has_w = has_weight(), with_gw = has_gw(), with_gb = need_gb();
+  const float eps = this->eps();
   Rows xr = Rows::of(x), gr = Rows::of(g);
   Rows wr = Rows::of(has_w ? inputs[1] : x);
   auto gx = mx::array::unsafe_weak_copy(outputs[0]);
@@ -68,8 +61,7 @@ void LayerNormVJP::eval_cpu(const std::vector<mx::array>& inputs,
   enc.dispatch([=]() mutable {
     std::vector<float> xv(n), gv(n), w(n, 1.f), out(n);
     // Column sums in blocks of rows, as the GPU's per-unit partials are.
-    std::vector<float> gw_total(with_gw ? n : 0, 0.f), gw_part(with_gw ? n : 0, 0.f);
-    std::vector<float> gb_total(with_gb ? n : 0, 0.f), gb_part(with_gb ? n : 0, 0.f);
+    ColumnSum gw_sum(with_gw ? n : 0), gb_sum(with_gb ? n : 0);
     if (has_w) wr.load(0, n, w.data());
     for (int64_t r = 0; r < rows; ++r) {
       xr.load(r, n, xv.data());
@@ -86,17 +78,15 @@ void LayerNormVJP::eval_cpu(const std::vector<mx::array>& inputs,
       for (int i = 0; i < n; ++i) {
         const float xh = (xv[i] - mean) * rstd;
         out[i] = rstd * (gv[i] * w[i] - mgw - xh * c);
-        if (with_gw) gw_part[i] += gv[i] * xh;
-        if (with_gb) gb_part[i] += gv[i];
+        if (with_gw) gw_sum.add(i, gv[i] * xh);
+        if (with_gb) gb_sum.add(i, gv[i]);
       }
       store(gx, r * n, out.data(), n);
-      if ((r + 1) % kBlock == 0 || r + 1 == rows) {
-        for (int i = 0; i < (with_gw ? n : 0); ++i) gw_total[i] += gw_part[i], gw_part[i] = 0.f;
-        for (int i = 0; i < (with_gb ? n : 0); ++i) gb_total[i] += gb_part[i], gb_part[i] = 0.f;
-      }
+      gw_sum.end_row(r, rows);
+      gb_sum.end_row(r, rows);
     }
-    if (with_gw) store(gw, 0, gw_total.data(), n);
-    if (with_gb) store(gb, 0, gb_total.data(), n);
+    if (with_gw) store(gw, 0, gw_sum.total.data(), n);
+    if (with_gb) store(gb, 0, gb_sum.total.data(), n);
   });
 }
 

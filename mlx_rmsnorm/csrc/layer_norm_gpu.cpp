@@ -1,11 +1,10 @@
-// GPU evaluation of the LayerNorm primitives: records cuda/layer_norm.cu's
-// plans into MLX's CUDA graph with eval_gpu.cpp's helpers (gpu_util.h).
-#include "layer_norm.h"
-#include "layer_norm_vjp.h"
-
+// GPU evaluation of LayerNorm and LayerNormVJP: records cuda/layer_norm.cu's
+// plans into MLX's CUDA graph. CUDA flavor of MLX only.
 #ifdef MLX_RMSNORM_CUDA
 
 #include "gpu_util.h"
+#include "layer_norm.h"
+#include "layer_norm_vjp.h"
 
 namespace mlx_rmsnorm {
 
@@ -20,9 +19,9 @@ void LayerNorm::eval_gpu(const std::vector<mx::array>& inputs,
   // the built-in): an x whose data starts off that boundary is copied.
   std::optional<mx::array> x_copy, w_copy, b_copy;
   const mx::array& x = rows_of(inputs[0], x_copy, stream(), enc, /*aligned16=*/true);
-  const mx::array* w = has_weight_ ? &rows_of(inputs[1], w_copy, stream(), enc) : nullptr;
+  const mx::array* w = has_weight() ? &rows_of(inputs[1], w_copy, stream(), enc) : nullptr;
   const mx::array* b =
-      has_bias_ ? &rows_of(inputs[has_weight_ ? 2 : 1], b_copy, stream(), enc) : nullptr;
+      has_bias() ? &rows_of(inputs[has_weight() ? 2 : 1], b_copy, stream(), enc) : nullptr;
   allocate(y, stream(), {&x});
 
   rmsnorm::FwdArgs a{};
@@ -32,7 +31,7 @@ void LayerNorm::eval_gpu(const std::vector<mx::array>& inputs,
   a.y = ptr(y);
   a.n = x.shape(-1);
   a.rows = a.n == 0 ? 0 : static_cast<int64_t>(x.size() / a.n);
-  a.eps = eps_;
+  a.eps = eps();
   a.x_dtype = kernel_dtype(x.dtype());
   a.w_dtype = w ? kernel_dtype(w->dtype()) : rmsnorm::DType::None;
   a.b_dtype = b ? kernel_dtype(b->dtype()) : rmsnorm::DType::None;
@@ -53,11 +52,11 @@ void LayerNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
   use_device(stream());
   std::optional<mx::array> x_copy, w_copy, g_copy;
   const mx::array& x = rows_of(inputs[0], x_copy, stream(), enc, /*aligned16=*/true);
-  const mx::array* w = has_weight_ ? &rows_of(inputs[1], w_copy, stream(), enc) : nullptr;
+  const mx::array* w = has_weight() ? &rows_of(inputs[1], w_copy, stream(), enc) : nullptr;
   const mx::array& g = rows_of(inputs.back(), g_copy, stream(), enc, /*aligned16=*/true);
   mx::array& gx = outputs[0];
   mx::array* gw = has_gw() ? &outputs[1] : nullptr;
-  mx::array* gb = need_gb_ ? &outputs.back() : nullptr;
+  mx::array* gb = need_gb() ? &outputs.back() : nullptr;
   allocate(gx, stream(), {&x, &g});
   if (gw) allocate(*gw, stream());
   if (gb) allocate(*gb, stream());
@@ -71,7 +70,7 @@ void LayerNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
   a.gb = gb ? ptr(*gb) : nullptr;
   a.n = x.shape(-1);
   a.rows = a.n == 0 ? 0 : static_cast<int64_t>(x.size() / a.n);
-  a.eps = eps_;
+  a.eps = eps();
   a.x_dtype = kernel_dtype(x.dtype());
   a.w_dtype = w ? kernel_dtype(w->dtype()) : rmsnorm::DType::None;
   a.b_dtype = gb ? kernel_dtype(gb->dtype()) : rmsnorm::DType::None;
@@ -83,26 +82,4 @@ void LayerNormVJP::eval_gpu(const std::vector<mx::array>& inputs,
 
 }  // namespace mlx_rmsnorm
 
-#else  // CPU flavor of MLX
-
-#include <stdexcept>
-
-namespace mlx_rmsnorm {
-
-[[noreturn]] static void no_gpu() {
-  throw std::runtime_error(
-      "[mlx_rmsnorm] this build has no GPU kernels: it was built against the "
-      "CPU flavor of MLX. Install MLX with CUDA (pip install 'mlx[cuda13]') "
-      "and rebuild mlx-rmsnorm, or run on the CPU stream.");
-}
-
-void LayerNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  no_gpu();
-}
-void LayerNormVJP::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  no_gpu();
-}
-
-}  // namespace mlx_rmsnorm
-
-#endif
+#endif  // MLX_RMSNORM_CUDA

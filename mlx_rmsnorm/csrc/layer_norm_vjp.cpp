@@ -1,16 +1,10 @@
 #include "layer_norm_vjp.h"
 
-#include <stdexcept>
-
 #include "layer_norm.h"
 #include "mlx/fast.h"
 #include "mlx/ops.h"
 #include "mlx/transforms.h"
-#include "reference.h"
-#include "rms_norm.h"  // dtype_str, kernel_input, export_tracing
-#ifdef MLX_RMSNORM_CUDA
-#include "gpu_util.h"
-#endif
+#include "op_util.h"
 
 namespace mlx_rmsnorm {
 
@@ -38,52 +32,24 @@ std::vector<std::optional<mx::array>> builtin_vjp(
   return out;
 }
 
-// The backward as a function of the primitive's inputs (x, [w], [b], g),
-// built from MLX ops: what jvp, vmap and higher-order vjp differentiate.
-auto reference_backward(float eps, bool has_w, bool need_gw, bool need_gb, mx::Stream s) {
-  return [eps, has_w, need_gw, need_gb, s](const std::vector<mx::array>& in) {
-    std::optional<mx::array> w;
-    if (has_w) w = in[1];
-    std::optional<mx::Dtype> gb_dtype;
-    if (need_gb) gb_dtype = in[in.size() - 2].dtype();
-    return layer_reference::backward(in[0], w, in.back(), eps, need_gw, gb_dtype, s);
-  };
-}
-
-bool gpu_planned(mx::Dtype x_type, mx::Dtype out_type, int n, const mx::Stream& s) {
-#ifdef MLX_RMSNORM_CUDA
-  gpu::use_device(s);
-  return rmsnorm::layer_norm_planned(gpu::kernel_dtype(x_type), gpu::kernel_dtype(out_type), n);
-#else
-  (void)x_type, (void)out_type, (void)n, (void)s;
-  return false;
-#endif
-}
-
 }  // namespace
 
 namespace detail {
 
-std::vector<mx::array> make_layer_vjp(const mx::array& x,
-                                      const std::optional<mx::array>& w,
-                                      const std::optional<mx::array>& b,
-                                      const mx::array& g, float eps, bool need_gw,
-                                      bool need_gb, mx::Stream s) {
-  need_gw = need_gw && w.has_value();
+std::vector<mx::array> make_layer_vjp(const mx::array& x, const std::optional<mx::array>& w,
+                                      const std::optional<mx::array>& b, const mx::array& g,
+                                      float eps, bool need_gw, bool need_gb, mx::Stream s) {
   need_gb = need_gb && b.has_value();
-  auto prim = std::make_shared<LayerNormVJP>(s, eps, w.has_value(), need_gw, need_gb);
+  // b is an input only when gb is wanted: it gives gb its dtype.
+  NormParams p{.eps = eps, .has_weight = w.has_value(), .has_bias = need_gb,
+               .need_gw = need_gw && w.has_value(), .need_gb = need_gb};
   std::vector<mx::array> inputs = {x};
-  if (w) inputs.push_back(*w);
-  if (need_gb) inputs.push_back(*b);
-  inputs.push_back(g);
-  std::vector<mx::Shape> shapes = {x.shape()};
   std::vector<mx::Dtype> dtypes = {x.dtype()};
-  if (need_gw) shapes.push_back(w->shape()), dtypes.push_back(w->dtype());
-  if (need_gb) shapes.push_back(b->shape()), dtypes.push_back(b->dtype());
-  if (shapes.size() == 1)
-    return {mx::array(x.shape(), x.dtype(), std::move(prim), std::move(inputs))};
-  return mx::array::make_arrays(std::move(shapes), dtypes, std::move(prim),
-                                std::move(inputs));
+  if (w) inputs.push_back(*w);
+  if (p.need_gw) dtypes.push_back(w->dtype());
+  if (need_gb) inputs.push_back(*b), dtypes.push_back(b->dtype());
+  inputs.push_back(g);
+  return NormPrimitive::make(std::make_shared<LayerNormVJP>(s, p), std::move(inputs), dtypes);
 }
 
 }  // namespace detail
@@ -92,22 +58,15 @@ std::vector<std::optional<mx::array>> layer_norm_vjp(
     const mx::array& x, const std::optional<mx::array>& weight,
     const std::optional<mx::array>& bias, const mx::array& g, float eps, bool need_gw,
     bool need_gb, mx::StreamOrDevice s) {
-  auto out_type = check_layer_inputs("layer_norm_vjp", x, weight, bias);
-  if (g.shape() != x.shape()) {
-    throw std::invalid_argument("[layer_norm_vjp] g must have the shape of x.");
-  }
-  if (!mx::issubdtype(g.dtype(), mx::floating)) {
-    throw std::invalid_argument(
-        "[layer_norm_vjp] g must be a floating array but has dtype " +
-        dtype_str(g.dtype()) + ".");
-  }
+  auto out_type = check_inputs("layer_norm_vjp", x, weight, bias);
+  check_cotangent("layer_norm_vjp", g, "g", x);
   auto stream = mx::to_stream(s);
   if (export_tracing()) return builtin_vjp(x, weight, bias, g, eps, need_gw, need_gb, out_type, s);
   auto xk = kernel_input(x, out_type, stream);
   check_not_empty_on_gpu("layer_norm_vjp", x, stream);
   bool reference_only = out_type == mx::float64 || x.size() == 0;  // (no elements: no launch)
   if (!reference_only && stream.device.type == mx::Device::DeviceType::gpu &&
-      !gpu_planned(xk.dtype(), out_type, x.shape(-1), stream)) {
+      !detail::gpu_planned(xk.dtype(), out_type, x.shape(-1), stream)) {
     // As layer_norm: the built-in past our tables, our fp32 reference where
     // rows are not a whole number of 16-byte vectors (the built-in's gx is
     // wrong there for 16-bit dtypes).
@@ -115,9 +74,8 @@ std::vector<std::optional<mx::array>> layer_norm_vjp(
       return builtin_vjp(x, weight, bias, g, eps, need_gw, need_gb, out_type, s);
     reference_only = true;
   }
-  std::optional<mx::array> w, b;
-  if (weight) w = kernel_input(*weight, out_type, stream);
-  if (bias) b = kernel_input(*bias, out_type, stream);
+  auto w = kernel_input(weight, out_type, stream);
+  auto b = kernel_input(bias, out_type, stream);
   need_gw = need_gw && w.has_value();
   need_gb = need_gb && b.has_value();
   std::vector<mx::array> grads;
@@ -126,8 +84,8 @@ std::vector<std::optional<mx::array>> layer_norm_vjp(
     if (need_gb) gb_dtype = b->dtype();
     grads = layer_reference::backward(xk, w, g, eps, need_gw, gb_dtype, stream);
   } else {
-    auto gc = g.dtype() == out_type ? g : mx::astype(g, out_type, stream);
-    grads = detail::make_layer_vjp(xk, w, b, gc, eps, need_gw, need_gb, stream);
+    grads = detail::make_layer_vjp(xk, w, b, cast(g, out_type, stream), eps, need_gw, need_gb,
+                                   stream);
   }
   std::vector<std::optional<mx::array>> out = {grads[0], std::nullopt, std::nullopt};
   if (need_gw) out[1] = grads[1];
@@ -135,46 +93,11 @@ std::vector<std::optional<mx::array>> layer_norm_vjp(
   return out;
 }
 
-std::vector<mx::array> LayerNormVJP::vjp(const std::vector<mx::array>& primals,
-                                         const std::vector<mx::array>& cotangents,
-                                         const std::vector<int>& argnums,
-                                         const std::vector<mx::array>&) {
-  auto grads = mx::vjp(reference_backward(eps_, has_weight_, has_gw(), need_gb_, stream()),
-                       primals, cotangents)
-                   .second;
-  std::vector<mx::array> out;
-  for (int i : argnums) out.push_back(grads[i]);
-  return out;
-}
-
-std::vector<mx::array> LayerNormVJP::jvp(const std::vector<mx::array>& primals,
-                                         const std::vector<mx::array>& tangents,
-                                         const std::vector<int>& argnums) {
-  auto all_tangents = reference::full_tangents(primals, tangents, argnums, stream());
-  return mx::jvp(reference_backward(eps_, has_weight_, has_gw(), need_gb_, stream()),
-                 primals, all_tangents)
-      .second;
-}
-
-std::pair<std::vector<mx::array>, std::vector<int>> LayerNormVJP::vmap(
-    const std::vector<mx::array>& inputs, const std::vector<int>& axes) {
-  std::vector<int> out_axes(1 + has_gw() + need_gb_, 0);
-  auto f = mx::vmap(reference_backward(eps_, has_weight_, has_gw(), need_gb_, stream()),
-                    axes, out_axes);
-  return {f(inputs), out_axes};
-}
-
-std::vector<mx::Shape> LayerNormVJP::output_shapes(const std::vector<mx::array>& inputs) {
-  std::vector<mx::Shape> out = {inputs[0].shape()};
-  if (has_gw()) out.push_back(inputs[1].shape());
-  if (need_gb_) out.push_back(inputs[has_weight_ ? 2 : 1].shape());
-  return out;
-}
-
-bool LayerNormVJP::is_equivalent(const mx::Primitive& other) const {
-  auto& o = static_cast<const LayerNormVJP&>(other);
-  return eps_ == o.eps_ && has_weight_ == o.has_weight_ && need_gw_ == o.need_gw_ &&
-         need_gb_ == o.need_gb_;
+std::vector<mx::array> LayerNormVJP::reference(const std::vector<mx::array>& in) {
+  std::optional<mx::Dtype> gb_dtype;
+  if (need_gb()) gb_dtype = bias(in)->dtype();
+  return layer_reference::backward(in[0], weight(in), tail(in, 0), eps(), has_gw(), gb_dtype,
+                                   stream());
 }
 
 }  // namespace mlx_rmsnorm

@@ -1,6 +1,5 @@
 #include "reference.h"
 
-#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -63,12 +62,6 @@ mx::Dtype compute_type(mx::Dtype out_type) {
   return out_type == mx::float64 ? mx::float64 : mx::float32;
 }
 
-std::optional<mx::array> weight_of(const std::vector<mx::array>& inputs,
-                                   bool has_weight) {
-  if (!has_weight) return std::nullopt;
-  return inputs[1];
-}
-
 // offset + w in the compute type: the scale the kernels form in fp32.
 static mx::array scale_of(const mx::array& w, float offset, mx::Dtype ct,
                           mx::Stream s) {
@@ -113,19 +106,6 @@ std::vector<mx::array> backward(const mx::array& x,
     out.push_back(mx::astype(gw, w->dtype(), s));
   }
   return out;
-}
-
-std::vector<mx::array> full_tangents(const std::vector<mx::array>& primals,
-                                     const std::vector<mx::array>& tangents,
-                                     const std::vector<int>& argnums,
-                                     mx::StreamOrDevice s) {
-  std::vector<mx::array> all;
-  for (size_t i = 0; i < primals.size(); ++i) {
-    auto it = std::find(argnums.begin(), argnums.end(), static_cast<int>(i));
-    all.push_back(it == argnums.end() ? mx::zeros_like(primals[i], s)
-                                      : tangents[it - argnums.begin()]);
-  }
-  return all;
 }
 
 }  // namespace mlx_rmsnorm::reference

@@ -46,15 +46,4 @@ std::vector<mx::array> backward(const mx::array& x,
                                 const mx::array& g, float eps, bool need_gw,
                                 mx::StreamOrDevice s = {}, float offset = 0.f);
 
-// Tangents for every primal: the given ones at `argnums`, zeros elsewhere
-// (what mx::jvp of the reference function needs).
-std::vector<mx::array> full_tangents(const std::vector<mx::array>& primals,
-                                     const std::vector<mx::array>& tangents,
-                                     const std::vector<int>& argnums,
-                                     mx::StreamOrDevice s = {});
-
-// Unpack the primitives' input lists: (x, [w]) and (x, [w], g).
-std::optional<mx::array> weight_of(const std::vector<mx::array>& inputs,
-                                   bool has_weight);
-
 }  // namespace mlx_rmsnorm::reference

@@ -4,12 +4,9 @@
 #include <optional>
 #include <string>
 
-#include "mlx/primitives.h"
-#include "mlx/utils.h"
+#include "norm_primitive.h"
 
 namespace mlx_rmsnorm {
-
-namespace mx = mlx::core;
 
 // Which GPU backward runs. Auto: persistent wherever a row fits its launch
 // plan, split otherwise. Naive: the seed's 3-kernel chain (the baseline).
@@ -33,60 +30,15 @@ std::vector<mx::array> rms_norm_vjp(const mx::array& x,
 namespace detail {
 // The RMSNormVJP node itself, for inputs that already passed the op's
 // checks and casts (x, w in the kernels' dtypes, g in the output's).
-std::vector<mx::array> make_vjp(const mx::array& x,
-                                const std::optional<mx::array>& w,
-                                const mx::array& g, float eps,
-                                Algorithm algorithm, bool need_gw,
-                                mx::Stream s, float offset = 0.f);
+std::vector<mx::array> make_vjp(const mx::array& x, const std::optional<mx::array>& w,
+                                const mx::array& g, float eps, Algorithm algorithm,
+                                bool need_gw, mx::Stream s, float offset = 0.f);
 }  // namespace detail
 
-// Inputs (x, [w,] g); outputs (gx) and gw when has_weight && need_gw.
-class RMSNormVJP : public mx::Primitive {
- public:
-  RMSNormVJP(mx::Stream stream, float eps, bool has_weight, Algorithm algorithm,
-             bool need_gw = true, float offset = 0.f)
-      : mx::Primitive(stream),
-        eps_(eps),
-        has_weight_(has_weight),
-        need_gw_(need_gw),
-        algorithm_(algorithm),
-        offset_(offset) {}
-
-  void eval_cpu(const std::vector<mx::array>& inputs,
-                std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>& inputs,
-                std::vector<mx::array>& outputs) override;
-
-  std::vector<mx::array> jvp(const std::vector<mx::array>& primals,
-                             const std::vector<mx::array>& tangents,
-                             const std::vector<int>& argnums) override;
-  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
-                             const std::vector<mx::array>& cotangents,
-                             const std::vector<int>& argnums,
-                             const std::vector<mx::array>& outputs) override;
-  std::pair<std::vector<mx::array>, std::vector<int>> vmap(
-      const std::vector<mx::array>& inputs,
-      const std::vector<int>& axes) override;
-  std::vector<mx::Shape> output_shapes(
-      const std::vector<mx::array>& inputs) override;
-
-  const char* name() const override { return "RMSNormPluginVJP"; }
-  bool is_equivalent(const mx::Primitive& other) const override;
-
-  float eps() const { return eps_; }
-  bool has_weight() const { return has_weight_; }
-  bool need_gw() const { return need_gw_; }
-  // Whether gw is an output.
-  bool has_gw() const { return has_weight_ && need_gw_; }
-  Algorithm algorithm() const { return algorithm_; }
-  float offset() const { return offset_; }  // the scale is offset + w
-
- private:
-  float eps_;
-  bool has_weight_;
-  bool need_gw_;
-  Algorithm algorithm_;
-  float offset_;
+// Inputs (x, [w,] g); outputs gx, and gw when has_gw(). Params: eps,
+// has_weight, need_gw, offset, algorithm.
+class RMSNormVJP : public NormPrimitive {
+  MLX_RMSNORM_NORM_PRIMITIVE(RMSNormVJP, "RMSNormPluginVJP", .tail_rows = 1)
 };
 
 }  // namespace mlx_rmsnorm

@@ -1,0 +1,71 @@
+// What every op builder (rms_norm, add_rms_norm, layer_norm and their
+// vjps) shares: input validation with mx.fast's rules, the casts to the
+// dtypes the kernels read, message formatting, and the export-tracing flag.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mlx/array.h"
+#include "mlx/utils.h"
+
+namespace mlx_rmsnorm {
+
+namespace mx = mlx::core;
+
+// "float32", "bfloat16", ... and "(3, 8)", "(8,)" for error messages.
+std::string dtype_str(mx::Dtype t);
+std::string shape_str(const mx::Shape& shape);
+
+// Validates x, weight and bias as mx.fast.rms_norm / mx.fast.layer_norm do
+// (ValueError on the Python side) and returns the output dtype: x's without
+// a weight, else the promotion of x's, weight's and bias's (a bias alone
+// does not promote: the built-in's rule), which must be floating. `op`
+// prefixes the messages, which call x `x_name` (the op's own name for it).
+mx::Dtype check_inputs(const char* op, const mx::array& x,
+                       const std::optional<mx::array>& weight,
+                       const std::optional<mx::array>& bias = std::nullopt,
+                       const char* x_name = "x");
+
+// A cotangent `g` of x's shape, floating (ValueError otherwise).
+void check_cotangent(const char* op, const mx::array& g, const char* g_name,
+                     const mx::array& x, const char* x_name = "x");
+
+// Throws (ValueError) when an offset is given without a weight.
+void check_offset(const char* op, const std::optional<mx::array>& weight, float offset);
+
+// Throws (ValueError) for an array of no elements on a GPU stream: there MLX
+// 0.32.4's reductions, its own norms' included, stop the process with SIGFPE
+// (seen on the H200), so neither our kernels nor MLX ops can compute it. On
+// the CPU such arrays take the MLX-ops path (the reference), no kernel.
+void check_not_empty_on_gpu(const char* op, const mx::array& x, const mx::Stream& s);
+
+// The dtypes our primitives (and so the kernels) take.
+inline bool is_kernel_dtype(mx::Dtype t) {
+  return t == mx::float32 || t == mx::float16 || t == mx::bfloat16;
+}
+
+// `a` itself when its dtype is one the kernels read, else `a` cast to
+// `out_type` (what the built-in does to every input). With a float64
+// `out_type` (the reference path) integer and bool inputs become float64 and
+// float64 ones stay as they are.
+mx::array kernel_input(const mx::array& a, mx::Dtype out_type, mx::Stream s);
+std::optional<mx::array> kernel_input(const std::optional<mx::array>& a, mx::Dtype out_type,
+                                      mx::Stream s);
+
+// `a` in dtype `t` (itself when it has it).
+mx::array cast(const mx::array& a, mx::Dtype t, mx::Stream s);
+
+// Whether argument `i` is among `argnums` (i < 0: an absent argument).
+bool wanted(const std::vector<int>& argnums, int i);
+
+// Whether this thread is tracing a function for mx.export_function /
+// mx.exporter (set by the Python hooks in mlx_rmsnorm/_patching.py: MLX keeps
+// its own flag private); the ops then write MLX's own ops, so that the
+// exported file holds what mx.fast writes. set_export_tracing returns the
+// previous value.
+bool export_tracing();
+bool set_export_tracing(bool on);
+
+}  // namespace mlx_rmsnorm
