@@ -450,12 +450,12 @@ def check(op, shape, x_dtype, w_dtype, transforms, shapes=None):
     differs: shapes and dtypes from the built-in's, values from the built-in's
     and from the float64 reference."""
     case = Case(op, shape, x_dtype, w_dtype, shapes)
-    # MLX 0.32.4's own LayerNorm backward hangs on the CPU, in about every
-    # other process, on arrays of no elements when a bias is given (the gb
-    # sum): `x = mx.zeros((0, 8)); mx.vjp(lambda x, b: [mx.fast.layer_norm(x,
-    # None, b, 1e-5)], [x, mx.zeros((8,))], [x])`. There ours is held to the
-    # reference alone, under every transform.
-    builtin_hangs = op.name.startswith("layer_norm") and case.args[0].size == 0
+    # MLX 0.32.4's CPU reductions can hang on arrays of no elements
+    # (`mx.sum(mx.zeros((8, 0)).T, axis=0)` never returns; its LayerNorm
+    # backward hung in about every other process), so the built-in does not
+    # run on them: ours is held to the reference's values and shapes, and to
+    # the dtypes the built-in gives where every empty dimension is 1.
+    empty = case.args[0].size == 0
     problems = []
     if case.args[0].size == 0 and mx.default_device() == mx.gpu:
         # On the GPU, MLX 0.32.4's reductions -- its own rms_norm / layer_norm
@@ -470,17 +470,18 @@ def check(op, shape, x_dtype, w_dtype, transforms, shapes=None):
                 if "no elements are not supported on the GPU" not in str(e) and case.args[0].dtype != mx.float64:
                     problems.append(f"{name}: {e}")
         return problems
+    filled = Case(op, tuple(d or 1 for d in shape), x_dtype, w_dtype, shapes) if empty else case
     for name in transforms:
         t, r = TRANSFORMS[name]
         if name == "grad_of_grad" and op.np_vjp is None:
             continue
-        theirs = None
-        if not builtin_hangs:
-            try:
-                theirs = t(op.builtin, case)
-                mx.eval(theirs)
-            except Exception:  # the built-in does not take it: neither need we
-                continue
+        try:
+            theirs = t(op.builtin, filled)
+            mx.eval(theirs)
+        except Exception:  # the built-in does not take it: neither need we
+            continue
+        dtypes = [b.dtype for b in theirs]
+        theirs = None if empty else theirs
         try:
             ours = t(op.ours, case)
             mx.eval(ours)
@@ -488,12 +489,14 @@ def check(op, shape, x_dtype, w_dtype, transforms, shapes=None):
             problems.append(f"{name}: {type(e).__name__}: {e}")
             continue
         ref = r(case)
-        if len(ours) != len(ref) or (theirs is not None and len(ours) != len(theirs)):
-            problems.append(f"{name}: {len(ours)} outputs, the reference {len(ref)}")
+        if len(ours) != len(ref) or len(ours) != len(dtypes):
+            problems.append(f"{name}: {len(ours)} outputs, the reference {len(ref)}, "
+                            f"the built-in {len(dtypes)}")
             continue
         for i, (a, c) in enumerate(zip(ours, ref)):
-            if tuple(c.shape) != tuple(a.shape):
-                problems.append(f"{name}[{i}]: {a.shape}, reference {c.shape}")
+            if tuple(c.shape) != tuple(a.shape) or a.dtype != dtypes[i]:
+                problems.append(f"{name}[{i}]: {a.shape} {a.dtype}, reference {c.shape}, "
+                                f"built-in's dtype {dtypes[i]}")
                 continue
             tol_ref, tol_builtin = _tols(case, a.dtype)
             errors = [("reference", _normwise(_f64(a), c), tol_ref)]

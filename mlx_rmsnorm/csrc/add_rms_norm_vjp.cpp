@@ -57,9 +57,11 @@ std::vector<mx::array> add_rms_norm_vjp(const mx::array& h,
   auto gh = cast(g_h, hk.dtype(), stream);
   need_gw = need_gw && w.has_value();
   check_not_empty_on_gpu("add_rms_norm_vjp", hk, stream);
-  // MLX ops: what the export writes, float64, and arrays of no elements.
-  if (export_tracing() || out_type == mx::float64 || hk.dtype() == mx::float64 || hk.size() == 0)
-    return reference_backward(hk, w, gy, gh, eps, offset, need_gw, stream);
+  // MLX ops: what the export writes, float64; no elements: zeros, as in rms_norm.
+  if (export_tracing() || out_type == mx::float64 || hk.dtype() == mx::float64 || hk.size() == 0) {
+    auto grads = reference_backward(hk, w, gy, gh, eps, offset, need_gw, stream);
+    return hk.size() == 0 && !export_tracing() ? no_elements(grads, stream) : grads;
+  }
   return detail::make_add_vjp(hk, w, gy, gh, eps, offset, need_gw, stream);
 }
 

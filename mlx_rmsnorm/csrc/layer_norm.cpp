@@ -128,11 +128,12 @@ mx::array layer_norm(const mx::array& x, const std::optional<mx::array>& weight,
   if (weight) inputs.push_back(kernel_input(*weight, out_type, stream));
   if (bias) inputs.push_back(kernel_input(*bias, out_type, stream));
   const bool has_w = weight.has_value(), has_b = bias.has_value();
-  // (and no elements: no kernel launch, as in rms_norm)
+  // No elements: zeros, as in rms_norm. float64: MLX ops in float64.
   check_not_empty_on_gpu("layer_norm", x, stream);
   if (out_type == mx::float64 || x.size() == 0) {
-    return layer_reference::forward(inputs[0], weight_in(inputs, has_w),
-                                    bias_in(inputs, has_w, has_b), eps, out_type, stream);
+    auto y = layer_reference::forward(inputs[0], weight_in(inputs, has_w),
+                                      bias_in(inputs, has_w, has_b), eps, out_type, stream);
+    return x.size() == 0 ? no_elements({y}, stream)[0] : y;
   }
   if (stream.device.type == mx::Device::DeviceType::gpu &&
       !detail::gpu_planned(inputs[0].dtype(), out_type, x.shape(-1), stream)) {

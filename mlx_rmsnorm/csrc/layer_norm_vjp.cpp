@@ -64,7 +64,7 @@ std::vector<std::optional<mx::array>> layer_norm_vjp(
   if (export_tracing()) return builtin_vjp(x, weight, bias, g, eps, need_gw, need_gb, out_type, s);
   auto xk = kernel_input(x, out_type, stream);
   check_not_empty_on_gpu("layer_norm_vjp", x, stream);
-  bool reference_only = out_type == mx::float64 || x.size() == 0;  // (no elements: no launch)
+  bool reference_only = out_type == mx::float64 || x.size() == 0;
   if (!reference_only && stream.device.type == mx::Device::DeviceType::gpu &&
       !detail::gpu_planned(xk.dtype(), out_type, x.shape(-1), stream)) {
     // As layer_norm: the built-in past our tables, our fp32 reference where
@@ -83,6 +83,7 @@ std::vector<std::optional<mx::array>> layer_norm_vjp(
     std::optional<mx::Dtype> gb_dtype;
     if (need_gb) gb_dtype = b->dtype();
     grads = layer_reference::backward(xk, w, g, eps, need_gw, gb_dtype, stream);
+    if (x.size() == 0) grads = no_elements(grads, stream);  // zeros, as in rms_norm
   } else {
     grads = detail::make_layer_vjp(xk, w, b, cast(g, out_type, stream), eps, need_gw, need_gb,
                                    stream);

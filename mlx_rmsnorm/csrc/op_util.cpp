@@ -90,6 +90,13 @@ void check_not_empty_on_gpu(const char* op, const mx::array& x, const mx::Stream
   }
 }
 
+std::vector<mx::array> no_elements(const std::vector<mx::array>& outputs, mx::Stream s) {
+  std::vector<mx::array> zeros;
+  zeros.reserve(outputs.size());
+  for (const auto& o : outputs) zeros.push_back(mx::zeros(o.shape(), o.dtype(), s));
+  return zeros;
+}
+
 mx::array kernel_input(const mx::array& a, mx::Dtype out_type, mx::Stream s) {
   return is_kernel_dtype(a.dtype()) ? a : mx::astype(a, out_type, s);
 }

@@ -38,8 +38,17 @@ void check_offset(const char* op, const std::optional<mx::array>& weight, float 
 // Throws (ValueError) for an array of no elements on a GPU stream: there MLX
 // 0.32.4's reductions, its own norms' included, stop the process with SIGFPE
 // (seen on the H200), so neither our kernels nor MLX ops can compute it. On
-// the CPU such arrays take the MLX-ops path (the reference), no kernel.
+// the CPU such arrays get no_elements() below, no kernel.
 void check_not_empty_on_gpu(const char* op, const mx::array& x, const mx::Stream& s);
+
+// An op on arrays of no elements: each of its outputs is either empty or a
+// column sum over no rows, so zeros of the shape and dtype of `outputs` (the
+// reference's outputs, built but never run), with no reduction and no
+// dependence on the inputs (MLX's transforms then give zero derivatives,
+// which they are). MLX 0.32.4's CPU reductions can hang on such arrays
+// (`mx.sum(mx.zeros((8, 0)).T, axis=0)` never returns), and the reference's
+// derivatives are full of them.
+std::vector<mx::array> no_elements(const std::vector<mx::array>& outputs, mx::Stream s);
 
 // The dtypes our primitives (and so the kernels) take.
 inline bool is_kernel_dtype(mx::Dtype t) {

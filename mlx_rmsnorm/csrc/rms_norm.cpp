@@ -30,11 +30,12 @@ mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight,
   auto stream = mx::to_stream(s);
   auto xk = kernel_input(x, out_type, stream);
   auto w = kernel_input(weight, out_type, stream);
+  // No elements: zeros, no kernel launch and no reduction (op_util.h).
   // float64: MLX ops in float64 (reference.h); the kernels read 16/32-bit
-  // floats. No elements: MLX ops too, no kernel launch (MLX 0.32.4's own GPU
-  // norm kernels stop the process with SIGFPE on such arrays).
+  // floats.
   check_not_empty_on_gpu("rms_norm", x, stream);
-  if (out_type == mx::float64 || x.size() == 0) return reference::forward(xk, w, eps, stream, offset);
+  if (x.size() == 0) return no_elements({reference::forward(xk, w, eps, stream, offset)}, stream)[0];
+  if (out_type == mx::float64) return reference::forward(xk, w, eps, stream, offset);
   std::vector<mx::array> inputs = {xk};
   if (w) inputs.push_back(*w);
   NormParams p{.eps = eps, .offset = offset, .has_weight = w.has_value()};
