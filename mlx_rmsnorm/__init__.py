@@ -7,7 +7,7 @@
 through our own backward (``rms_norm_vjp``) under ``mx.grad``; ``RMSNorm`` is
 a drop-in for ``mlx.nn.RMSNorm``; ``patch()`` routes ``mx.fast.rms_norm`` --
 and with it every ``nn.RMSNorm`` and the models built on it -- through the
-plugin. ``add_rms_norm`` fuses a residual add into the norm, and
+plugin. ``add_rms_norm`` and ``add_layer_norm`` fuse a residual add into the norm, and
 ``patch(fuse=True)`` rewrites mlx-lm's decoder blocks to use it.
 """
 
@@ -24,6 +24,8 @@ import mlx.nn as _nn  # noqa: E402
 
 from . import _ext  # noqa: E402
 from ._ext import (  # noqa: E402
+    add_layer_norm,
+    add_layer_norm_vjp,
     add_rms_norm,
     add_rms_norm_vjp,
     device_memory,
@@ -38,6 +40,8 @@ from ._ext import (  # noqa: E402
 __all__ = [
     "LayerNorm",
     "RMSNorm",
+    "add_layer_norm",
+    "add_layer_norm_vjp",
     "add_rms_norm",
     "add_rms_norm_vjp",
     "device_memory",

@@ -61,6 +61,27 @@ def layer_norm_vjp(
     need_gb: bool = True,
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> Tuple[mx.array, Optional[mx.array], Optional[mx.array]]: ...
+def add_layer_norm(
+    x: mx.array,
+    residual: mx.array,
+    weight: Optional[mx.array],
+    bias: Optional[mx.array],
+    eps: float,
+    *,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> Tuple[mx.array, mx.array]: ...
+def add_layer_norm_vjp(
+    h: mx.array,
+    weight: Optional[mx.array],
+    bias: Optional[mx.array],
+    g_y: mx.array,
+    g_h: mx.array,
+    eps: float,
+    *,
+    need_gw: bool = True,
+    need_gb: bool = True,
+    stream: Union[None, mx.Stream, mx.Device] = None,
+) -> Tuple[mx.array, Optional[mx.array], Optional[mx.array]]: ...
 def routed_rms_norm(
     x: mx.array,
     weight: Optional[mx.array],

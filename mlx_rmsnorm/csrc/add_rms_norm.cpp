@@ -1,7 +1,5 @@
 #include "add_rms_norm.h"
 
-#include <stdexcept>
-
 #include "add_rms_norm_vjp.h"
 #include "mlx/ops.h"
 #include "op_util.h"
@@ -25,34 +23,8 @@ std::vector<mx::array> reference_forward(const mx::array& x, const mx::array& r,
 std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& residual,
                                     const std::optional<mx::array>& weight,
                                     float eps, float offset, mx::StreamOrDevice s) {
-  auto fail = [](const std::string& msg) {
-    throw std::invalid_argument("[add_rms_norm] " + msg);
-  };
-  // h = x + residual takes what MLX's add broadcasts; the checks of rms_norm
-  // then apply to h, the array that is normalized.
-  mx::Shape shape;
-  try {
-    shape = mx::broadcast_shapes(x.shape(), residual.shape());
-  } catch (const std::invalid_argument&) {
-    fail("x of shape " + shape_str(x.shape()) + " and residual of shape " +
-         shape_str(residual.shape()) + " do not broadcast to one shape.");
-  }
-  if (shape.empty()) {
-    fail("x + residual must have at least 1 dimension but x and residual are scalars.");
-  }
-  if (weight && (weight->ndim() != 1 || weight->shape(0) != shape.back())) {
-    fail("weight must be 1-D of the size of the last dimension of x + residual (" +
-         std::to_string(shape.back()) + ") but has shape " + shape_str(weight->shape()) + ".");
-  }
+  auto [shape, h_type, out_type] = check_add_inputs("add_rms_norm", x, residual, weight);
   check_offset("add_rms_norm", weight, offset);
-  auto h_type = mx::promote_types(x.dtype(), residual.dtype());
-  auto out_type = weight ? mx::promote_types(h_type, weight->dtype()) : h_type;
-  if (!mx::issubdtype(out_type, mx::floating)) {
-    fail("Received unsupported type " + dtype_str(out_type) + " (the result type of x " +
-         dtype_str(x.dtype()) + " + residual " + dtype_str(residual.dtype()) +
-         (weight ? " and weight " + dtype_str(weight->dtype()) : "") +
-         "); expected a floating type.");
-  }
   if (export_tracing()) {
     auto h = mx::add(x, residual, s);
     return {builtin_rms_norm(h, weight, eps, offset, s), h};
@@ -65,17 +37,11 @@ std::vector<mx::array> add_rms_norm(const mx::array& x, const mx::array& residua
     auto h = mx::add(x, residual, stream);
     return {rms_norm(h, weight, eps, stream, offset), h};
   }
-  // x and residual are read in h's dtype (a mixed pair is cast first) and
-  // h's shape: one that broadcasts is expanded first, a view that the CPU
-  // path reads in place and the GPU path copies into a row-contiguous
-  // temporary (one more write and read of h's size: the fused op then moves
-  // about what the unfused add + rms_norm moves). The gradient of the
-  // expanded input is summed back by broadcast_to's own vjp.
-  auto expand = [&](const mx::array& a) {
-    auto c = cast(a, h_type, stream);
-    return c.shape() == shape ? c : mx::broadcast_to(c, shape, stream);
-  };
-  auto xh = expand(x), rh = expand(residual);
+  // x and residual in h's dtype and shape (expand_to): on the GPU an
+  // expanded one is copied into a row-contiguous temporary, one more write
+  // and read of h's size, so the fused op then moves about what the unfused
+  // add + rms_norm moves.
+  auto xh = expand_to(x, shape, h_type, stream), rh = expand_to(residual, shape, h_type, stream);
   auto w = kernel_input(weight, out_type, stream);
   // No elements: zeros, as in rms_norm. float64 weight: MLX ops in float64
   // (reference.h); the kernels read 16/32-bit floats.

@@ -13,23 +13,6 @@ namespace mlx_rmsnorm {
 
 using namespace cpu;
 
-namespace {
-
-// One value rounded to a dtype and back: what storing h and reading it again
-// gives, so the norm sees h exactly as the unfused composition stores it.
-float round_to(mx::Dtype t, float v) {
-  switch (t) {
-    case mx::float16:
-      return static_cast<float>(mx::float16_t(v));
-    case mx::bfloat16:
-      return static_cast<float>(mx::bfloat16_t(v));
-    default:
-      return v;
-  }
-}
-
-}  // namespace
-
 // Fused residual add: h = x + residual rounded to h's dtype, y the norm of
 // that rounded h. One pass over each row.
 void AddRMSNorm::eval_cpu(const std::vector<mx::array>& inputs,

@@ -17,6 +17,8 @@
 
 #include "rmsnorm.h"  // cuda/: device_family
 #endif
+#include "add_layer_norm.h"
+#include "add_layer_norm_vjp.h"
 #include "add_rms_norm.h"
 #include "add_rms_norm_vjp.h"
 #include "layer_norm.h"
@@ -248,6 +250,68 @@ NB_MODULE(_ext, m) {
             tuple(array, array or None, array or None): ``(gx, gw, gb)``;
             ``gw`` is ``None`` without a weight or with ``need_gw=False``,
             ``gb`` likewise for the bias.
+        )");
+
+  m.def(
+      "add_layer_norm",
+      [](const mx::array& x, const mx::array& residual, const std::optional<mx::array>& weight,
+         const std::optional<mx::array>& bias, float eps, mx::StreamOrDevice s) {
+        auto out = mlx_rmsnorm::add_layer_norm(x, residual, weight, bias, eps, s);
+        return std::make_pair(out[0], out[1]);
+      },
+      "x"_a, "residual"_a, "weight"_a.none(), "bias"_a.none(), "eps"_a, nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(Fused residual add and layer norm: ``h = x + residual``,
+        ``y = layer_norm(h, weight, bias, eps)``, in one pass.
+
+        The pre-norm transformer's ``h = x + r; y = norm(h)`` with a
+        LayerNorm: the norm reads ``h`` as stored (rounded to its dtype), as
+        the unfused composition does. Differentiable (both outputs'
+        cotangents; ``x`` and ``residual`` get the same gradient) through one
+        backward pass.
+
+        ``x`` and ``residual`` take any shapes that ``x + residual``
+        broadcasts (a residual of shape ``(N,)`` or ``(1, N)``, either way
+        round). The smaller one is expanded to ``h``'s shape first: on the
+        GPU a copy, so the fused op then moves about as much memory as the
+        unfused ``x + residual`` and ``layer_norm`` do (no speed-up; same
+        values and gradients, summed back over the broadcast axes).
+
+        Args:
+            x (array): Input; with ``residual`` at least one dimension.
+            residual (array): Added to ``x``; same shape or broadcast.
+            weight (array, optional): 1-D of size ``h.shape[-1]``, or ``None``
+              for no scaling.
+            bias (array, optional): 1-D of size ``h.shape[-1]``, or ``None``
+              for no shift.
+            eps (float): Added to the variance for numerical stability.
+            stream (Stream, optional): Stream or device.
+
+        Returns:
+            tuple(array, array): ``(y, h)``; ``h`` has dtype
+            ``result_type(x, residual)``, ``y`` that of ``layer_norm(h,
+            weight, bias)``: ``result_type(h, weight, bias)`` with a weight,
+            ``h.dtype`` without one.
+        )");
+
+  m.def(
+      "add_layer_norm_vjp",
+      [](const mx::array& h, const std::optional<mx::array>& weight,
+         const std::optional<mx::array>& bias, const mx::array& g_y, const mx::array& g_h,
+         float eps, bool need_gw, bool need_gb, mx::StreamOrDevice s) {
+        auto out = mlx_rmsnorm::add_layer_norm_vjp(h, weight, bias, g_y, g_h, eps, need_gw,
+                                                   need_gb, s);
+        return std::make_tuple(*out[0], out[1], out[2]);
+      },
+      "h"_a, "weight"_a.none(), "bias"_a.none(), "g_y"_a, "g_h"_a, "eps"_a, nb::kw_only(),
+      "need_gw"_a = true, "need_gb"_a = true, "stream"_a = nb::none(),
+      R"(Backward of :func:`add_layer_norm` from its output ``h``.
+
+        Returns:
+            tuple(array, array or None, array or None): ``(gx, gw, gb)``:
+            ``gx = g_h + d(norm)/dh`` is the gradient of both ``x`` and
+            ``residual``; ``gw`` is ``None`` without a weight or with
+            ``need_gw=False``, ``gb`` likewise for the bias.
         )");
 
   // What patch() puts in mx.fast's place: mx.fast's signatures and

@@ -92,6 +92,20 @@ inline void store(mx::array& out, int64_t start, const float* src, int n) {
   }
 }
 
+// One value rounded to a dtype and back: what storing h = x + residual and
+// reading it again gives, so that a fused add's norm sees h exactly as the
+// unfused composition stores it.
+inline float round_to(mx::Dtype t, float v) {
+  switch (t) {
+    case mx::float16:
+      return static_cast<float>(mx::float16_t(v));
+    case mx::bfloat16:
+      return static_cast<float>(mx::bfloat16_t(v));
+    default:
+      return v;
+  }
+}
+
 // fp32 sums in blocks: each block of kBlock terms is added up on its own and
 // the block sums then, so rounding grows with kBlock + n / kBlock rather than
 // with n (rows of 10^5 elements, gw over 10^5 rows), as the GPU's per-thread

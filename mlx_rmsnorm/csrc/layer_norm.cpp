@@ -18,15 +18,6 @@ namespace {
 
 mx::array scalar(double v, mx::Dtype t) { return mx::array(v, t); }
 
-// The built-in's output dtype: a weight promotes (with the bias, if any); a
-// bias alone does not.
-mx::Dtype out_type_of(const mx::array& x, const std::optional<mx::array>& w,
-                      const std::optional<mx::array>& b) {
-  if (!w) return x.dtype();
-  return b ? mx::promote_types(mx::promote_types(x.dtype(), w->dtype()), b->dtype())
-           : mx::promote_types(x.dtype(), w->dtype());
-}
-
 // (x, [w], [b]) of the op's inputs, cast as layer_norm casts them.
 std::optional<mx::array> weight_in(const std::vector<mx::array>& in, bool has_w) {
   if (!has_w) return std::nullopt;
@@ -40,6 +31,13 @@ std::optional<mx::array> bias_in(const std::vector<mx::array>& in, bool has_w, b
 }  // namespace
 
 namespace layer_reference {
+
+mx::Dtype result_type(const mx::array& x, const std::optional<mx::array>& w,
+                      const std::optional<mx::array>& b) {
+  if (!w) return x.dtype();
+  return b ? mx::promote_types(mx::promote_types(x.dtype(), w->dtype()), b->dtype())
+           : mx::promote_types(x.dtype(), w->dtype());
+}
 
 mx::array forward(const mx::array& x, const std::optional<mx::array>& w,
                   const std::optional<mx::array>& b, float eps, mx::Dtype out_type,
@@ -56,7 +54,8 @@ mx::array forward(const mx::array& x, const std::optional<mx::array>& w,
 
 std::vector<mx::array> backward(const mx::array& x, const std::optional<mx::array>& w,
                                 const mx::array& g, float eps, bool need_gw,
-                                std::optional<mx::Dtype> gb_dtype, mx::Stream s) {
+                                std::optional<mx::Dtype> gb_dtype, mx::Stream s,
+                                const std::optional<mx::array>& g_h) {
   auto ct = reference::compute_type(w ? mx::promote_types(x.dtype(), w->dtype()) : x.dtype());
   if (g.dtype() == mx::float64) ct = mx::float64;
   auto xf = mx::astype(x, ct, s);
@@ -69,6 +68,7 @@ std::vector<mx::array> backward(const mx::array& x, const std::optional<mx::arra
   auto mv = mx::mean(v, -1, /*keepdims=*/true, s);
   auto c = mx::mean(mx::multiply(v, xh, s), -1, /*keepdims=*/true, s);
   auto gx = mx::multiply(r, mx::subtract(mx::subtract(v, mv, s), mx::multiply(xh, c, s), s), s);
+  if (g_h) gx = mx::add(gx, mx::astype(*g_h, ct, s), s);
   std::vector<mx::array> out = {mx::astype(gx, x.dtype(), s)};
   std::vector<int> rows(x.ndim() - 1);
   std::iota(rows.begin(), rows.end(), 0);
@@ -82,12 +82,13 @@ std::vector<mx::array> backward(const mx::array& x, const std::optional<mx::arra
 
 namespace detail {
 
-bool gpu_planned(mx::Dtype x_type, mx::Dtype out_type, int n, const mx::Stream& s) {
+bool gpu_planned(mx::Dtype x_type, mx::Dtype out_type, int n, const mx::Stream& s, bool add) {
 #ifdef MLX_RMSNORM_CUDA
   gpu::use_device(s);
-  return rmsnorm::layer_norm_planned(gpu::kernel_dtype(x_type), gpu::kernel_dtype(out_type), n);
+  return rmsnorm::layer_norm_planned(gpu::kernel_dtype(x_type), gpu::kernel_dtype(out_type), n,
+                                     add);
 #else
-  (void)x_type, (void)out_type, (void)n, (void)s;
+  (void)x_type, (void)out_type, (void)n, (void)s, (void)add;
   return false;
 #endif
 }
@@ -153,7 +154,8 @@ mx::array layer_norm(const mx::array& x, const std::optional<mx::array>& weight,
 
 std::vector<mx::array> LayerNorm::reference(const std::vector<mx::array>& in) {
   auto w = weight(in), b = bias(in);
-  return {layer_reference::forward(in[0], w, b, eps(), out_type_of(in[0], w, b), stream())};
+  return {layer_reference::forward(in[0], w, b, eps(), layer_reference::result_type(in[0], w, b),
+                                   stream())};
 }
 
 std::vector<mx::array> LayerNorm::vjp(const std::vector<mx::array>& primals,
@@ -164,7 +166,7 @@ std::vector<mx::array> LayerNorm::vjp(const std::vector<mx::array>& primals,
   const int w_arg = has_weight() ? 1 : -1;
   const int b_arg = has_bias() ? (has_weight() ? 2 : 1) : -1;
   const bool need_gw = wanted(argnums, w_arg), need_gb = wanted(argnums, b_arg);
-  auto g = cast(cotangents[0], out_type_of(primals[0], w, b), stream());
+  auto g = cast(cotangents[0], layer_reference::result_type(primals[0], w, b), stream());
   auto grads = detail::make_layer_vjp(primals[0], w, b, g, eps(), need_gw, need_gb, stream());
   std::vector<mx::array> out;
   out.reserve(argnums.size());

@@ -25,8 +25,10 @@ mx::array layer_norm(const mx::array& x, const std::optional<mx::array>& weight,
 
 namespace detail {
 // Whether our kernels take rows of n elements on this GPU stream (both
-// directions have a plan); false on the CPU flavor.
-bool gpu_planned(mx::Dtype x_type, mx::Dtype out_type, int n, const mx::Stream& s);
+// directions have a plan; with `add`, those of the fused residual add,
+// add_layer_norm); false on the CPU flavor.
+bool gpu_planned(mx::Dtype x_type, mx::Dtype out_type, int n, const mx::Stream& s,
+                 bool add = false);
 // Whether rows of n elements of x_type are a whole number of 16-byte vectors.
 bool vector_rows(mx::Dtype x_type, int n);
 // mx.fast.layer_norm's forward with layer_reference's backward as its vjp,
@@ -41,14 +43,21 @@ mx::array builtin_forward_reference_backward(const std::vector<mx::array>& input
 // float64 path, and the primitives' references. The same formulas as
 // row_math.cuh's LayerRow.
 namespace layer_reference {
+// The built-in's output dtype: result_type(x, w[, b]) with a weight, x's
+// without one (a bias alone does not promote).
+mx::Dtype result_type(const mx::array& x, const std::optional<mx::array>& w,
+                      const std::optional<mx::array>& b);
 mx::array forward(const mx::array& x, const std::optional<mx::array>& w,
                   const std::optional<mx::array>& b, float eps, mx::Dtype out_type,
                   mx::Stream s);
 // {gx, [gw], [gb]}: gw with a weight and need_gw, gb with need_gb (b's dtype
-// given as b_dtype), in x's, w's and b's dtypes.
+// given as b_dtype), in x's, w's and b's dtypes. With g_h (the fused residual
+// add's cotangent of h, x being h): gx = g_h + d(norm)/dx, added in the
+// compute type and rounded once, as the kernels do.
 std::vector<mx::array> backward(const mx::array& x, const std::optional<mx::array>& w,
                                 const mx::array& g, float eps, bool need_gw,
-                                std::optional<mx::Dtype> gb_dtype, mx::Stream s);
+                                std::optional<mx::Dtype> gb_dtype, mx::Stream s,
+                                const std::optional<mx::array>& g_h = std::nullopt);
 }  // namespace layer_reference
 
 // Inputs (x, [w], [b]); output y. Params: eps, has_weight, has_bias.

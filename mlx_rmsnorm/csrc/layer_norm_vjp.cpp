@@ -36,20 +36,45 @@ std::vector<std::optional<mx::array>> builtin_vjp(
 
 namespace detail {
 
+LayerVjpNode layer_vjp_node(const mx::array& x, const std::optional<mx::array>& w,
+                            const std::optional<mx::array>& b, const mx::array& g, float eps,
+                            bool need_gw, bool need_gb) {
+  need_gb = need_gb && b.has_value();
+  // b is an input only when gb is wanted: it gives gb its dtype.
+  LayerVjpNode node{{.eps = eps, .has_weight = w.has_value(), .has_bias = need_gb,
+                     .need_gw = need_gw && w.has_value(), .need_gb = need_gb},
+                    {x},
+                    {x.dtype()}};
+  if (w) node.inputs.push_back(*w);
+  if (node.params.need_gw) node.dtypes.push_back(w->dtype());
+  if (need_gb) node.inputs.push_back(*b), node.dtypes.push_back(b->dtype());
+  node.inputs.push_back(g);
+  return node;
+}
+
+std::vector<mx::array> layer_vjp_reference(const mx::array& x, const std::optional<mx::array>& w,
+                                           const std::optional<mx::array>& b, const mx::array& g,
+                                           float eps, bool need_gw, bool need_gb, mx::Stream s,
+                                           const std::optional<mx::array>& g_h) {
+  std::optional<mx::Dtype> gb_dtype;
+  if (need_gb && b) gb_dtype = b->dtype();
+  return layer_reference::backward(x, w, g, eps, need_gw, gb_dtype, s, g_h);
+}
+
+std::vector<std::optional<mx::array>> layer_vjp_outputs(const std::vector<mx::array>& grads,
+                                                        bool need_gw, bool need_gb) {
+  std::vector<std::optional<mx::array>> out = {grads[0], std::nullopt, std::nullopt};
+  if (need_gw) out[1] = grads[1];
+  if (need_gb) out[2] = grads[need_gw ? 2 : 1];
+  return out;
+}
+
 std::vector<mx::array> make_layer_vjp(const mx::array& x, const std::optional<mx::array>& w,
                                       const std::optional<mx::array>& b, const mx::array& g,
                                       float eps, bool need_gw, bool need_gb, mx::Stream s) {
-  need_gb = need_gb && b.has_value();
-  // b is an input only when gb is wanted: it gives gb its dtype.
-  NormParams p{.eps = eps, .has_weight = w.has_value(), .has_bias = need_gb,
-               .need_gw = need_gw && w.has_value(), .need_gb = need_gb};
-  std::vector<mx::array> inputs = {x};
-  std::vector<mx::Dtype> dtypes = {x.dtype()};
-  if (w) inputs.push_back(*w);
-  if (p.need_gw) dtypes.push_back(w->dtype());
-  if (need_gb) inputs.push_back(*b), dtypes.push_back(b->dtype());
-  inputs.push_back(g);
-  return NormPrimitive::make(std::make_shared<LayerNormVJP>(s, p), std::move(inputs), dtypes);
+  auto node = layer_vjp_node(x, w, b, g, eps, need_gw, need_gb);
+  return NormPrimitive::make(std::make_shared<LayerNormVJP>(s, node.params),
+                             std::move(node.inputs), std::move(node.dtypes));
 }
 
 }  // namespace detail
@@ -80,25 +105,18 @@ std::vector<std::optional<mx::array>> layer_norm_vjp(
   need_gb = need_gb && b.has_value();
   std::vector<mx::array> grads;
   if (reference_only) {
-    std::optional<mx::Dtype> gb_dtype;
-    if (need_gb) gb_dtype = b->dtype();
-    grads = layer_reference::backward(xk, w, g, eps, need_gw, gb_dtype, stream);
+    grads = detail::layer_vjp_reference(xk, w, b, g, eps, need_gw, need_gb, stream);
     if (x.size() == 0) grads = no_elements(grads, stream);  // zeros, as in rms_norm
   } else {
     grads = detail::make_layer_vjp(xk, w, b, cast(g, out_type, stream), eps, need_gw, need_gb,
                                    stream);
   }
-  std::vector<std::optional<mx::array>> out = {grads[0], std::nullopt, std::nullopt};
-  if (need_gw) out[1] = grads[1];
-  if (need_gb) out[2] = grads[need_gw ? 2 : 1];
-  return out;
+  return detail::layer_vjp_outputs(grads, need_gw, need_gb);
 }
 
 std::vector<mx::array> LayerNormVJP::reference(const std::vector<mx::array>& in) {
-  std::optional<mx::Dtype> gb_dtype;
-  if (need_gb()) gb_dtype = bias(in)->dtype();
-  return layer_reference::backward(in[0], weight(in), tail(in, 0), eps(), has_gw(), gb_dtype,
-                                   stream());
+  return detail::layer_vjp_reference(in[0], weight(in), bias(in), tail(in, 0), eps(), has_gw(),
+                                     need_gb(), stream());
 }
 
 }  // namespace mlx_rmsnorm

@@ -18,6 +18,29 @@ std::vector<std::optional<mx::array>> layer_norm_vjp(
     bool need_gw = true, bool need_gb = true, mx::StreamOrDevice s = {});
 
 namespace detail {
+// What a LayerNorm backward node is made of (LayerNormVJP's; the fused add's
+// AddLayerNormVJP appends g_h to the inputs): its params, its inputs (x, [w],
+// [b], g; b only when gb is wanted: it gives gb its dtype) and the dtypes of
+// its outputs (gx, [gw], [gb]).
+struct LayerVjpNode {
+  NormParams params;
+  std::vector<mx::array> inputs;
+  std::vector<mx::Dtype> dtypes;
+};
+LayerVjpNode layer_vjp_node(const mx::array& x, const std::optional<mx::array>& w,
+                            const std::optional<mx::array>& b, const mx::array& g, float eps,
+                            bool need_gw, bool need_gb);
+// layer_reference::backward with gb's dtype taken from b (given when gb is
+// wanted) and g_h for the fused add: the ops' float64 path and the VJP
+// primitives' references.
+std::vector<mx::array> layer_vjp_reference(const mx::array& x, const std::optional<mx::array>& w,
+                                           const std::optional<mx::array>& b, const mx::array& g,
+                                           float eps, bool need_gw, bool need_gb, mx::Stream s,
+                                           const std::optional<mx::array>& g_h = std::nullopt);
+// (gx, gw, gb) as the vjp ops return them, from a backward's outputs
+// (gx, [gw], [gb]).
+std::vector<std::optional<mx::array>> layer_vjp_outputs(const std::vector<mx::array>& grads,
+                                                        bool need_gw, bool need_gb);
 // The LayerNormVJP node for inputs that passed the op's checks and casts
 // (x, w, b in the kernels' dtypes, g in the output's): {gx, [gw], [gb]}.
 std::vector<mx::array> make_layer_vjp(const mx::array& x, const std::optional<mx::array>& w,

@@ -66,6 +66,48 @@ mx::Dtype check_inputs(const char* op, const mx::array& x,
   return out_type;
 }
 
+AddTypes check_add_inputs(const char* op, const mx::array& x, const mx::array& residual,
+                          const std::optional<mx::array>& weight,
+                          const std::optional<mx::array>& bias) {
+  AddTypes t{{}, mx::promote_types(x.dtype(), residual.dtype()), mx::float32};
+  try {
+    t.shape = mx::broadcast_shapes(x.shape(), residual.shape());
+  } catch (const std::invalid_argument&) {
+    fail(op, "x of shape " + shape_str(x.shape()) + " and residual of shape " +
+                 shape_str(residual.shape()) + " do not broadcast to one shape.");
+  }
+  if (t.shape.empty()) {
+    fail(op, "x + residual must have at least 1 dimension but x and residual are scalars.");
+  }
+  auto check_vector = [&](const std::optional<mx::array>& v, const std::string& name) {
+    if (v && (v->ndim() != 1 || v->shape(0) != t.shape.back())) {
+      fail(op, name + " must be 1-D of the size of the last dimension of x + residual (" +
+                   std::to_string(t.shape.back()) + ") but has shape " + shape_str(v->shape()) +
+                   ".");
+    }
+  };
+  check_vector(weight, "weight");
+  check_vector(bias, "bias");
+  t.out_type = t.h_type;
+  if (weight) {
+    t.out_type = mx::promote_types(t.out_type, weight->dtype());
+    if (bias) t.out_type = mx::promote_types(t.out_type, bias->dtype());
+  }
+  if (!mx::issubdtype(t.out_type, mx::floating)) {
+    fail(op, "Received unsupported type " + dtype_str(t.out_type) + " (the result type of x " +
+                 dtype_str(x.dtype()) + " + residual " + dtype_str(residual.dtype()) +
+                 (weight ? " and weight " + dtype_str(weight->dtype()) : "") +
+                 (weight && bias ? " and bias " + dtype_str(bias->dtype()) : "") +
+                 "); expected a floating type.");
+  }
+  return t;
+}
+
+mx::array expand_to(const mx::array& a, const mx::Shape& shape, mx::Dtype t, mx::Stream s) {
+  auto c = cast(a, t, s);
+  return c.shape() == shape ? c : mx::broadcast_to(c, shape, s);
+}
+
 void check_cotangent(const char* op, const mx::array& g, const char* g_name,
                      const mx::array& x, const char* x_name) {
   const std::string gn = g_name;

@@ -28,6 +28,29 @@ mx::Dtype check_inputs(const char* op, const mx::array& x,
                        const std::optional<mx::array>& bias = std::nullopt,
                        const char* x_name = "x");
 
+// The inputs of a fused residual add (add_rms_norm, add_layer_norm): h =
+// x + residual takes whatever MLX's add broadcasts, and the norm's checks
+// then apply to h, the array that is normalized (weight and bias 1-D of h's
+// last dimension). Returns h's shape, h's dtype (result_type(x, residual))
+// and y's: h's without a weight, else its promotion with the weight's and the
+// bias's (a bias alone does not promote, as in check_inputs), which must be
+// floating. ValueError messages prefixed with `op`.
+struct AddTypes {
+  mx::Shape shape;
+  mx::Dtype h_type;
+  mx::Dtype out_type;
+};
+AddTypes check_add_inputs(const char* op, const mx::array& x, const mx::array& residual,
+                          const std::optional<mx::array>& weight,
+                          const std::optional<mx::array>& bias = std::nullopt);
+
+// x or residual as a fused add reads it: in h's dtype (a mixed pair is cast
+// first) and h's shape (one that broadcasts is expanded: a view, which the
+// CPU path reads in place and the GPU path copies into a row-contiguous
+// temporary). The gradient of an expanded input is summed back by
+// broadcast_to's own vjp.
+mx::array expand_to(const mx::array& a, const mx::Shape& shape, mx::Dtype t, mx::Stream s);
+
 // A cotangent `g` of x's shape, floating (ValueError otherwise).
 void check_cotangent(const char* op, const mx::array& g, const char* g_name,
                      const mx::array& x, const char* x_name = "x");
