@@ -1,6 +1,8 @@
 #include "layer_norm.h"
 
+#include <cstdlib>
 #include <numeric>
+#include <string>
 
 #include "layer_norm_vjp.h"
 #include "mlx/fast.h"
@@ -82,8 +84,17 @@ std::vector<mx::array> backward(const mx::array& x, const std::optional<mx::arra
 
 namespace detail {
 
+bool add_layer_kernels_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("MLX_RMSNORM_ADD_LAYER_KERNELS");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
 bool gpu_planned(mx::Dtype x_type, mx::Dtype out_type, int n, const mx::Stream& s, bool add) {
 #ifdef MLX_RMSNORM_CUDA
+  if (add && !add_layer_kernels_on()) return false;
   gpu::use_device(s);
   return rmsnorm::layer_norm_planned(gpu::kernel_dtype(x_type), gpu::kernel_dtype(out_type), n,
                                      add);
