@@ -32,7 +32,8 @@ import mlx.core as mx
 _PRIMITIVES = ("RMSNormPlugin", "RMSNormPluginVJP", "RMSNorm", "RMSNormVJP",
                "AddRMSNormPlugin", "AddRMSNormPluginVJP")
 # LayerNorm (patch() routes mx.fast.layer_norm too), reported after RMSNorm.
-_LAYER_PRIMITIVES = ("LayerNormPlugin", "LayerNormPluginVJP", "LayerNorm", "LayerNormVJP")
+_LAYER_PRIMITIVES = ("LayerNormPlugin", "LayerNormPluginVJP", "LayerNorm", "LayerNormVJP",
+                     "AddLayerNormPlugin", "AddLayerNormPluginVJP")
 # Every gradient graph is counted while counting has cost at most 2 s, or this
 # share of the process's time so far (reading a graph means exporting it as
 # text: a long training run must not pay that at every step); past that the
@@ -117,7 +118,9 @@ def summary() -> str:
         f"builtin_RMSNorm={c['RMSNorm']} builtin_RMSNormVJP={c['RMSNormVJP']} "
         f"AddRMSNormPlugin={c['AddRMSNormPlugin']} AddRMSNormPluginVJP={c['AddRMSNormPluginVJP']} "
         f"LayerNormPlugin={c['LayerNormPlugin']} LayerNormPluginVJP={c['LayerNormPluginVJP']} "
-        f"builtin_LayerNorm={c['LayerNorm']} builtin_LayerNormVJP={c['LayerNormVJP']}{sampled}\n"
+        f"builtin_LayerNorm={c['LayerNorm']} builtin_LayerNormVJP={c['LayerNormVJP']} "
+        f"AddLayerNormPlugin={c['AddLayerNormPlugin']} AddLayerNormPluginVJP={c['AddLayerNormPluginVJP']}"
+        f"{sampled}\n"
         f"mlx_rmsnorm report: fused={mlx_rmsnorm.is_fused()} blocks_fused={blocks['fused']} "
         f"blocks_unfused={sum(v for k, v in blocks.items() if k != 'fused')}"
         + (f" ({fallbacks})" if fallbacks else "")

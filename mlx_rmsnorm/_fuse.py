@@ -10,7 +10,9 @@ rounding), by construction, or it runs that code.
   ``r = attn(input_layernorm(x)); h = x + r; r = mlp(post_attention_layernorm(h));
   return h + r`` (llama.py, qwen3.py, ...). The rewrite runs
   ``y, h = add_rms_norm(x, r, post_attention_layernorm.weight)`` in place of
-  the add and the norm, inside that one call: no state outlives the call,
+  the add and the norm (``add_layer_norm`` for the LayerNorm blocks of gpt2,
+  gpt_bigcode, starcoder2, gpt_neox and stablelm), inside that one call: no
+  state outlives the call,
   so code between two blocks (an in-place ``h += v``, a hook that reads or
   replaces ``h``) sees and changes exactly what it does unfused. The add
   that feeds the *next* block's input norm is left to the model's loop.
@@ -86,6 +88,15 @@ CLIP_RESIDUAL = frozenset({"3a9a76082c6addf7"})  # gemma3_text.clip_residual, wh
 GEMMA_NORM = frozenset({"38727c90a27781ac"})
 # MLX's nn.RMSNorm.__call__, which the pre-norm entries fuse.
 NN_RMS_NORM = frozenset({"458fba10719b034e"})
+# LayerNorm blocks (mlx-lm 0.32.2): gpt2's and gpt_bigcode's share their text
+# (ln_1 / attn / ln_2 / mlp); starcoder2's is PRE_NORM_BLOCK's text with
+# nn.LayerNorm norms; gpt_neox's and stablelm's choose between a parallel and
+# a sequential residual per layer (use_parallel_residual). MLX's
+# nn.LayerNorm.__call__, which they fuse.
+GPT2_BLOCK = frozenset({"ad7794027e40e7ac"})
+GPT_NEOX_BLOCK = frozenset({"04496daf9381860c"})
+STABLELM_BLOCK = frozenset({"f98fb62bffed37a8"})
+NN_LAYER_NORM = frozenset({"5dec28490c3dd28c"})
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,7 @@ class Swap:
     make: Callable[[Any, Callable, "_Installed"], Callable]  # (module, original, state) -> replacement
     sources: frozenset  # fingerprints of the originals this replacement was written for
     helpers: tuple = ()  # (name, fingerprints) of module functions the original calls
+    norm: str = "rms"  # the mlx.nn norm whose own __call__ apply() must find: "rms" or "layer"
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -116,6 +128,7 @@ class _Installed:
 _installed: dict[tuple[str, str, str], _Installed] = {}
 _skipped: dict[tuple[str, str, str], str] = {}  # entries not installed, and why
 _nn_rms_norm_call: Optional[Callable] = None  # nn.RMSNorm.__call__, checked at apply()
+_nn_layer_norm_call: Optional[Callable] = None  # nn.LayerNorm.__call__, likewise
 _cpu_plugin = False  # route_cpu(True): CPU streams run the plugin (tests); see _patching
 
 
@@ -218,6 +231,54 @@ def _gemma2_block(mod: Any, original: Callable, state: _Installed, cls: type) ->
     return __call__
 
 
+def _layer_norm_block(attn: str, ln1: str, ln2: str, parallel: bool = False,
+                      defaults: bool = True) -> Callable:
+    """gpt2 / gpt_bigcode / starcoder2 / gpt_neox / stablelm: ``h = x +
+    attn(ln1(x), mask, cache)`` then ``ln2(h)``, an ``nn.LayerNorm``; the rewrite
+    runs ``y, h = add_layer_norm(x, r, ln2.weight, ln2.bias, ln2.eps)`` (weight
+    and bias where the norm has them, as nn.LayerNorm passes them) and returns
+    ``h + mlp(y)``. ``parallel``: the block has ``use_parallel_residual``
+    (gpt_neox, stablelm), and where it is true the original runs (its norms
+    read x: no add feeds a norm). ``defaults``: mask and cache default to
+    None, as in the original's signature (stablelm's has no defaults)."""
+
+    def make(mod: Any, original: Callable, state: _Installed, cls: type) -> Callable:
+        def fused(self, x, mask, cache):
+            if type(self) is not cls:
+                why: Optional[str] = "block subclass"
+            elif parallel and self.use_parallel_residual:
+                why = "parallel residual"
+            else:
+                norm = getattr(self, ln2)
+                why = _why_not(self, cls, norm, nn.LayerNorm, _nn_layer_norm_call)
+            if why is not None:
+                _fallback(why)
+                return original(self, x, mask, cache)
+            _counts["fused"] += 1
+            r = getattr(self, attn)(getattr(self, ln1)(x), mask, cache)
+            y, h = _ext.add_layer_norm(x, r, norm.weight if "weight" in norm else None,
+                                       norm.bias if "bias" in norm else None, norm.eps)
+            return h + self.mlp(y)
+
+        if defaults:
+
+            def __call__(self, x, mask=None, cache=None):
+                if not state.active:
+                    return original(self, x, mask, cache)
+                return fused(self, x, mask, cache)
+
+        else:
+
+            def __call__(self, x, mask, cache):  # type: ignore[misc]
+                if not state.active:
+                    return original(self, x, mask, cache)
+                return fused(self, x, mask, cache)
+
+        return __call__
+
+    return make
+
+
 def _norm_call(mod: Any) -> Optional[Callable]:
     """The ``RMSNorm.__call__`` a Gemma module must hold for its blocks to
     fuse: our replacement. Where it was not installed (a wrapper was found
@@ -237,8 +298,21 @@ def _gemma(module: str, block: Callable, sources: frozenset, helpers: tuple = ()
     ]
 
 
+def _layer(module: str, make: Callable, sources: frozenset, cls: str = "TransformerBlock") -> list[Swap]:
+    return [Swap(f"mlx_lm.models.{module}", cls, "__call__", make, sources, norm="layer")]
+
+
+_GPT2 = _layer_norm_block("attn", "ln_1", "ln_2")
+_LLAMA_NAMES = ("self_attn", "input_layernorm", "post_attention_layernorm")
+
 # model_type -> what to swap. mlx-lm maps "mistral" onto llama.py
-# (MODEL_REMAPPING), so llama's entry serves it.
+# (MODEL_REMAPPING), so llama's entry serves it. Not here (their blocks are not
+# this add-then-norm with nn.LayerNorm): phi, phixtral, cohere, cohere2, gptj
+# (parallel attention and MLP), nemotron (LayerNorm1P, a subclass with its own
+# __call__); olmo and dbrx (an add feeds a LayerNorm, in other block shapes)
+# and phimoe (a MoE, keyword mask= / cache=) are not written yet; phi3small's
+# block is starcoder2's text, but its forward crashes MLX 0.32.4's CPU build,
+# so it is left out untested.
 ARCHITECTURES: dict[str, list[Swap]] = {
     "llama": _pre_norm("llama"),
     "mistral": _pre_norm("llama"),
@@ -248,6 +322,13 @@ ARCHITECTURES: dict[str, list[Swap]] = {
     "gemma": _gemma("gemma", _gemma_block, PRE_NORM_BLOCK),
     "gemma2": _gemma("gemma2", _gemma2_block, GEMMA2_BLOCK),
     "gemma3_text": _gemma("gemma3_text", _gemma2_block, GEMMA3_BLOCK, (("clip_residual", CLIP_RESIDUAL),)),
+    "gpt2": _layer("gpt2", _GPT2, GPT2_BLOCK),
+    "gpt_bigcode": _layer("gpt_bigcode", _GPT2, GPT2_BLOCK),
+    "starcoder2": _layer("starcoder2", _layer_norm_block(*_LLAMA_NAMES), PRE_NORM_BLOCK),
+    "gpt_neox": _layer("gpt_neox", _layer_norm_block("attention", *_LLAMA_NAMES[1:], parallel=True),
+                       GPT_NEOX_BLOCK),
+    "stablelm": _layer("stablelm", _layer_norm_block(*_LLAMA_NAMES, parallel=True, defaults=False),
+                       STABLELM_BLOCK, "DecoderLayer"),
 }
 
 
@@ -293,22 +374,33 @@ def _warn(what: str, why: str) -> None:
 
 
 def apply() -> None:
-    """Install (or reactivate) every entry's replacement (idempotent)."""
-    global _nn_rms_norm_call
+    """Install (or reactivate) every entry's replacement (idempotent). The
+    entries of a norm whose ``mlx.nn`` ``__call__`` is not MLX's own (``norm``:
+    RMSNorm, or LayerNorm for the LayerNorm blocks) are left alone, with a
+    warning."""
+    global _nn_rms_norm_call, _nn_layer_norm_call
     with _lock:
         if _nn_rms_norm_call is None:
             call = nn.RMSNorm.__dict__.get("__call__")
             why = _own_code(call, nn.RMSNorm.__module__, "RMSNorm.__call__", NN_RMS_NORM)
             if why is not None:
                 _warn("mlx.nn.RMSNorm", why)
-                return
-            _nn_rms_norm_call = call
+            else:
+                _nn_rms_norm_call = call
+        if _nn_layer_norm_call is None:
+            call = nn.LayerNorm.__dict__.get("__call__")
+            why = _own_code(call, nn.LayerNorm.__module__, "LayerNorm.__call__", NN_LAYER_NORM)
+            if why is not None:
+                _warn("mlx.nn.LayerNorm", why)
+            else:
+                _nn_layer_norm_call = call
+        norm_ok = {"rms": _nn_rms_norm_call is not None, "layer": _nn_layer_norm_call is not None}
         for swaps in ARCHITECTURES.values():
             for sw in swaps:
                 if sw.key in _installed:
                     _installed[sw.key].active = True  # shared entry, or reactivated
                     continue
-                if sw.key in _skipped:
+                if sw.key in _skipped or not norm_ok[sw.norm]:
                     continue
                 mod = _import(sw.module)
                 cls = getattr(mod, sw.cls, None) if mod is not None else None

@@ -473,7 +473,7 @@ def n_params(model: nn.Module) -> int:
 
 # --- running one mode ---------------------------------------------------------------------
 
-PLUGIN_NODES = ("RMSNormPlugin", "AddRMSNormPlugin", "LayerNormPlugin")
+PLUGIN_NODES = ("RMSNormPlugin", "AddRMSNormPlugin", "LayerNormPlugin", "AddLayerNormPlugin")
 
 
 def plugin_nodes(out: mx.array) -> dict[str, int]:
@@ -1004,7 +1004,7 @@ def _fmt(x: Any) -> str:
 
 def markdown(rows: list[dict], dtypes: list[str]) -> str:
     head = ("| model | dtype | params | patch() | fuse=True | fused blocks (fwd) | "
-            "plugin nodes (a: add, l: LayerNorm) patch / fuse | unpatch bitwise | built-in note |")
+            "plugin nodes (a: add, l: LayerNorm, al: add + LayerNorm) patch / fuse | unpatch bitwise | built-in note |")
     lines = [
         "patch() / fuse=True: float32 the worst max|a - b| / max|b| against the built-in; "
         "bfloat16 the geometric mean / max over quantities of the distance to float32 "
@@ -1034,7 +1034,8 @@ def markdown(rows: list[dict], dtypes: list[str]) -> str:
             if not n:
                 return "-"
             parts = [f"{n.get(k, 0)}{tag}" for k, tag in
-                     (("RMSNormPlugin", ""), ("AddRMSNormPlugin", "a"), ("LayerNormPlugin", "l"))
+                     (("RMSNormPlugin", ""), ("AddRMSNormPlugin", "a"), ("LayerNormPlugin", "l"),
+                      ("AddLayerNormPlugin", "al"))
                      if n.get(k, 0) or k == "RMSNormPlugin"]
             return "+".join(parts)
 

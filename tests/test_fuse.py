@@ -20,7 +20,7 @@ from mlx_rmsnorm import _fuse
 from mlx_rmsnorm._autopatch import primitive_counts
 
 pytest.importorskip("mlx_lm.models")
-from tiny_models import CONFIGS, VOCAB, make, tokens  # noqa: E402
+from tiny_models import CONFIGS, LAYER_NORM, PARALLEL, VOCAB, fused_node, make, tokens  # noqa: E402
 
 def train(name, steps=4):
     model = make(name)
@@ -44,13 +44,15 @@ def train(name, steps=4):
 
 @pytest.fixture(autouse=True)
 def _restore():
+    _fuse.reset_counts()
     yield
     mlx_rmsnorm.unpatch()
 
 
 def test_fused_architectures_lists_the_entries():
     assert mlx_rmsnorm.fused_architectures() == sorted(
-        ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text"])
+        ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
+         "gpt2", "gpt_bigcode", "starcoder2", "gpt_neox", "stablelm"])
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -63,27 +65,112 @@ def test_same_logits_and_graph_holds_the_fused_primitive(name):
     got = model(x)
     # the add that feeds a norm inside each block (the add that feeds the next
     # block's input norm belongs to the model's loop, which is left alone)
-    layers = CONFIGS[name][1]["num_hidden_layers"]
-    assert primitive_counts(got)["AddRMSNormPlugin"] == layers
+    layers = len(model.layers)
+    nodes = primitive_counts(got)
+    other = "AddRMSNormPlugin" if name in LAYER_NORM else "AddLayerNormPlugin"
+    assert nodes[fused_node(name)] == layers and nodes[other] == 0, nodes
+    assert _fuse.counts() == {"fused": layers}
     mlx_rmsnorm.unpatch()
     again = model(x)
-    assert "AddRMSNormPlugin" not in graph_text(again)
+    assert "AddRMSNormPlugin" not in graph_text(again) and "AddLayerNormPlugin" not in graph_text(again)
     scale = float(mx.abs(want).max())
     assert float(mx.abs(got - want).max()) <= 2e-5 * scale
     assert mx.array_equal(again, want)
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma3_text", "gemma2"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma3_text", "gemma2", "gpt2", "gpt_neox", "stablelm"])
 def test_trains_like_unpatched(name):
     ref, _ = train(name)
     with mlx_rmsnorm.patched(fuse=True):
         ours, grads = train(name)
-        text = graph_text(dict(tree_flatten(grads))["model.embed_tokens.weight"])
-    assert "AddRMSNormPluginVJP" in text
+        (emb,) = [v for k, v in tree_flatten(grads) if k.endswith(("embed_tokens.weight", "wte.weight",
+                                                                      "embed_in.weight"))]
+        text = graph_text(emb)
+    assert fused_node(name) + "VJP" in text
     assert ours[-1] < ours[0]
     for a, b in zip(ref, ours):
         assert abs(a - b) <= 1e-4 * abs(a), (ref, ours)
     assert not mlx_rmsnorm.is_fused()
+
+
+def _grads(model, x, y):
+    def loss_fn(m, x, y):
+        return nn.losses.cross_entropy(m(x), y).mean()
+
+    loss, grads = nn.value_and_grad(model, loss_fn)(model, x, y)
+    mx.eval(loss, grads)
+    return loss, dict(tree_flatten(grads))
+
+
+@pytest.mark.parametrize("name", sorted(LAYER_NORM))
+def test_layer_norm_blocks_same_gradients(name):
+    # every parameter's gradient, the norms' weights and biases among them
+    model = make(name)
+    x, y = tokens()
+    want_loss, want = _grads(model, x, y)
+    with mlx_rmsnorm.patched(fuse=True):
+        got_loss, got = _grads(model, x, y)
+    assert _fuse.counts()["fused"] == len(model.layers)
+    assert abs(got_loss.item() - want_loss.item()) <= 1e-5 * abs(want_loss.item())
+    assert set(got) == set(want)
+    assert any(".bias" in k and ("ln_2" in k or "post_attention_layernorm" in k) for k in want)
+    for k in want:
+        scale = float(mx.abs(want[k]).max())
+        assert float(mx.abs(got[k] - want[k]).max()) <= 1e-4 * scale + 1e-7, k
+
+
+@pytest.mark.parametrize("name", sorted(PARALLEL))
+def test_parallel_residual_runs_the_original(name):
+    model = make(name)
+    x, _ = tokens()
+    with mlx_rmsnorm.patched():
+        want = model(x)
+        mx.eval(want)
+    with mlx_rmsnorm.patched(fuse=True):
+        got = model(x)
+        assert "AddLayerNormPlugin" not in graph_text(got)
+    assert mx.array_equal(got, want)  # the same code as under patch()
+    assert _fuse.counts() == {"fallback:parallel residual": len(model.layers)}
+
+
+def test_parallel_residual_is_decided_per_call():
+    # gpt_neox's block reads use_parallel_residual at each call: one layer
+    # switched to the parallel branch runs it, the other still fuses
+    model = make("gpt_neox")
+    model.layers[0].use_parallel_residual = True
+    x, _ = tokens()
+    want = model(x)
+    mx.eval(want)
+    with mlx_rmsnorm.patched(fuse=True):
+        got = model(x)
+        assert primitive_counts(got)["AddLayerNormPlugin"] == 1
+    assert _fuse.counts() == {"fused": 1, "fallback:parallel residual": 1}
+    assert float(mx.abs(got - want).max()) <= 2e-5 * float(mx.abs(want).max())
+
+
+@pytest.mark.parametrize("kind", ["no bias", "no affine"])
+def test_layer_norm_without_weight_or_bias_fuses(kind):
+    # nn.LayerNorm(bias=False) / (affine=False): the fused op gets the
+    # parameters the norm has, as nn.LayerNorm passes them
+    model = make("gpt2")
+    for layer in model.layers:
+        old = layer.ln_2
+        new = nn.LayerNorm(old.dims, eps=old.eps, bias=False, affine=kind == "no bias")
+        if kind == "no bias":
+            new.weight = old.weight
+        layer.ln_2 = new
+    x, y = tokens()
+    want_loss, want = _grads(model, x, y)
+    want_logits = model(x)
+    mx.eval(want_logits)
+    with mlx_rmsnorm.patched(fuse=True):
+        got_logits = model(x)
+        assert primitive_counts(got_logits)["AddLayerNormPlugin"] == 2
+        got_loss, got = _grads(model, x, y)
+    assert float(mx.abs(got_logits - want_logits).max()) <= 2e-5 * float(mx.abs(want_logits).max())
+    assert set(got) == set(want)
+    for k in want:
+        assert float(mx.abs(got[k] - want[k]).max()) <= 1e-4 * float(mx.abs(want[k]).max()) + 1e-7, k
 
 
 def test_bfloat16_model_logits_within_rounding():
@@ -172,7 +259,7 @@ def test_checkpoints_are_unchanged(tmp_path):
     assert np.isfinite(np.array(model(x))).all()
 
 
-@pytest.mark.parametrize("name", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("name", ["llama", "gemma3_text", "gpt2", "stablelm"])
 def test_decode_with_kv_cache_matches(name):
     from mlx_lm.models.cache import make_prompt_cache
 

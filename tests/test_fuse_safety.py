@@ -19,11 +19,16 @@ import mlx_rmsnorm
 from mlx_rmsnorm import _fuse
 
 pytest.importorskip("mlx_lm.models")
-from mlx_lm.models import gemma, gemma2, gemma3_text, llama  # noqa: E402
+from mlx_lm.models import gemma, gemma2, gemma3_text, gpt2, llama, stablelm  # noqa: E402
 from mlx_lm.tuner.trainer import grad_checkpoint  # noqa: E402
-from tiny_models import CONFIGS, make, tokens  # noqa: E402
+from tiny_models import CONFIGS, LAYER_NORM, NORMS, embed, make, tokens  # noqa: E402
 
-FUSED = ["llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text"]
+FUSED = ["llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
+         "gpt2", "gpt_bigcode", "starcoder2", "gpt_neox", "stablelm"]
+# (model, block class) for the class-level cases: an RMSNorm block, a
+# LayerNorm one, and stablelm's (mask and cache without defaults)
+BLOCKS = [("llama", llama.TransformerBlock), ("gpt2", gpt2.TransformerBlock),
+          ("stablelm", stablelm.DecoderLayer)]
 
 
 @pytest.fixture(autouse=True)
@@ -41,10 +46,10 @@ def close(a, b, rel=2e-5):
 def steer(model, x, delta=100.0):
     """A custom layer loop that edits the residual stream in place between
     blocks (activation steering, interpretability hooks)."""
-    h = model.model.embed_tokens(x)
+    h = embed(model)(x)
     mask = nn.MultiHeadAttention.create_additive_causal_mask(h.shape[1]).astype(h.dtype)
-    for i, layer in enumerate(model.model.layers):
-        h = layer(h, mask)
+    for i, layer in enumerate(model.layers):
+        h = layer(h, mask, None)
         if i == 0:
             h += delta  # MLX's += keeps the Python object
     return h
@@ -59,7 +64,12 @@ def test_in_place_edit_between_blocks_is_kept(name):
     mlx_rmsnorm.patch(fuse=True)
     got = steer(model, x)
     assert close(got, want), float(mx.abs(got - want).max())
-    assert _fuse.counts()["fused"] == len(model.model.layers)
+    assert _fuse.counts()["fused"] == len(model.layers)
+
+
+class ScaledLayerNorm(nn.LayerNorm):
+    def __call__(self, x):
+        return 2 * mx.fast.layer_norm(x, self.weight, self.bias, self.eps)
 
 
 class ScaledNorm(nn.RMSNorm):
@@ -76,14 +86,14 @@ class ScaledGemmaNorm(gemma.RMSNorm):
 @pytest.mark.parametrize("which", ["post", "input"])
 def test_norm_subclass_runs_its_own_call(name, which):
     model = make(name)
-    layer = model.model.layers[0]
-    attr = {"post": "post_attention_layernorm", "input": "input_layernorm"}[which]
-    if which == "post" and name in ("gemma2", "gemma3_text"):
-        attr = "pre_feedforward_layernorm"  # the norm these blocks fuse
+    layer = model.layers[0]
+    attr = NORMS[name][0 if which == "post" else 1]  # the norm the block fuses, or the input norm
     old = getattr(layer, attr)
-    cls = ScaledGemmaNorm if name.startswith("gemma") else ScaledNorm
+    cls = ScaledGemmaNorm if name.startswith("gemma") else ScaledLayerNorm if name in LAYER_NORM else ScaledNorm
     new = cls(old.weight.shape[0], eps=old.eps)
     new.weight = old.weight
+    if name in LAYER_NORM:
+        new.bias = old.bias
     setattr(layer, attr, new)
     x, _ = tokens()
     want = model(x)
@@ -92,23 +102,52 @@ def test_norm_subclass_runs_its_own_call(name, which):
         got = model(x)
     assert close(got, want)
     if which == "post":
-        assert _fuse.counts()["fallback:norm class"] == 1
+        assert _fuse.counts() == {"fused": len(model.layers) - 1, "fallback:norm class": 1}
+    else:
+        assert _fuse.counts() == {"fused": len(model.layers)}
 
 
-def test_norm_call_replaced_on_the_class_runs_the_original():
-    model = make("llama")
+@pytest.mark.parametrize("name,norm", [("llama", nn.RMSNorm), ("gpt2", nn.LayerNorm)])
+def test_norm_call_replaced_on_the_class_runs_the_original(name, norm):
+    model = make(name)
     x, _ = tokens()
-    original = nn.RMSNorm.__call__
-    nn.RMSNorm.__call__ = lambda self, x: 3 * original(self, x)
+    original = norm.__call__
+    norm.__call__ = lambda self, x: 3 * original(self, x)
     try:
         want = model(x)
         mx.eval(want)
         with mlx_rmsnorm.patched(fuse=True):
             got = model(x)
     finally:
-        nn.RMSNorm.__call__ = original
+        norm.__call__ = original
     assert close(got, want)
-    assert _fuse.counts()["fused"] == 0
+    assert _fuse.counts() == {"fallback:norm __call__ replaced": len(model.layers)}
+
+
+def test_layer_norm_call_wrapped_before_patch_leaves_only_the_layer_norm_blocks():
+    # nn.LayerNorm.__call__ not MLX's own at patch time: the LayerNorm entries
+    # are not installed (one warning); the RMSNorm ones are
+    original = nn.LayerNorm.__call__
+    calls = []
+    nn.LayerNorm.__call__ = _counting_wrapper(original, calls)
+    _fuse._nn_layer_norm_call = None  # as in a fresh process: checked at the next apply()
+    try:
+        model = make("gpt2")
+        x, _ = tokens()
+        want = model(x)
+        mx.eval(want)
+        with pytest.warns(RuntimeWarning, match="mlx.nn.LayerNorm .*wrapped before patch"):
+            mlx_rmsnorm.patch(fuse=True)
+        assert not getattr(gpt2.TransformerBlock.__dict__["__call__"], "_mlx_rmsnorm_fused", False)
+        assert getattr(llama.TransformerBlock.__dict__["__call__"], "_mlx_rmsnorm_fused", False)
+        calls.clear()
+        got = model(x)
+        assert len(calls) == 2 * len(model.layers) + 1 and _fuse.counts() == {}
+        assert close(got, want)
+    finally:
+        mlx_rmsnorm.unpatch()
+        nn.LayerNorm.__call__ = original
+        _fuse._nn_layer_norm_call = None
 
 
 def _counting_wrapper(fn, calls):
@@ -119,44 +158,49 @@ def _counting_wrapper(fn, calls):
     return wrapper
 
 
-def test_class_wrapper_installed_before_patch_is_respected():
-    model = make("llama")
+@pytest.mark.parametrize("name,cls", BLOCKS)
+def test_class_wrapper_installed_before_patch_is_respected(name, cls):
+    model = make(name)
     x, _ = tokens()
-    original = llama.TransformerBlock.__call__
+    key = (cls.__module__, cls.__name__, "__call__")
+    original = cls.__dict__["__call__"]
     calls = []
-    llama.TransformerBlock.__call__ = _counting_wrapper(original, calls)
+    cls.__call__ = _counting_wrapper(original, calls)
     try:
         want = model(x)
         mx.eval(want)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             mlx_rmsnorm.patch(fuse=True)
-        assert any("mlx_lm.models.llama.TransformerBlock" in str(w.message) for w in caught)
-        assert _fuse.skipped()[("mlx_lm.models.llama", "TransformerBlock", "__call__")].startswith("wrapped")
+        assert any(f"{cls.__module__}.{cls.__name__}" in str(w.message) for w in caught)
+        assert _fuse.skipped()[key].startswith("wrapped")
         calls.clear()
         got = model(x)
         assert len(calls) == 2
         assert close(got, want)
         mlx_rmsnorm.unpatch()
-        assert llama.TransformerBlock.__dict__["__call__"] is not original  # still the user's wrapper
+        assert cls.__dict__["__call__"] is not original  # still the user's wrapper
     finally:
-        llama.TransformerBlock.__call__ = original
+        cls.__call__ = original
 
 
-def test_class_wrapper_installed_after_patch_runs_and_survives_unpatch():
-    model = make("llama")
+@pytest.mark.parametrize("name,cls", BLOCKS)
+def test_class_wrapper_installed_after_patch_runs_and_survives_unpatch(name, cls):
+    model = make(name)
     x, _ = tokens()
+    key = (cls.__module__, cls.__name__, "__call__")
     want_plain = model(x)
     mlx_rmsnorm.patch(fuse=True)
-    original = llama.TransformerBlock.__dict__["__call__"]  # our rewrite
+    original = cls.__dict__["__call__"]  # our rewrite
+    assert getattr(original, "_mlx_rmsnorm_fused", False)
     calls = []
     wrapper = _counting_wrapper(original, calls)
-    llama.TransformerBlock.__call__ = wrapper
+    cls.__call__ = wrapper
     try:
         got = model(x)
         assert len(calls) == 2 and _fuse.counts()["fused"] == 2
         mlx_rmsnorm.unpatch()
-        assert llama.TransformerBlock.__dict__["__call__"] is wrapper  # not removed
+        assert cls.__dict__["__call__"] is wrapper  # not removed
         assert not mlx_rmsnorm.is_fused()
         calls.clear()
         _fuse.reset_counts()
@@ -164,12 +208,11 @@ def test_class_wrapper_installed_after_patch_runs_and_survives_unpatch():
         assert len(calls) == 2 and _fuse.counts()["fused"] == 0  # inert: the original block
         assert close(got, again)
         # the same values as the wrapper around the original block, unpatched
-        llama.TransformerBlock.__call__ = _counting_wrapper(_fuse._installed[
-            ("mlx_lm.models.llama", "TransformerBlock", "__call__")].original, [])
+        cls.__call__ = _counting_wrapper(_fuse._installed[key].original, [])
         mx.eval(want_plain)
         assert mx.array_equal(again, model(x))
         # patching again turns the rewrite under the wrapper back on
-        llama.TransformerBlock.__call__ = wrapper
+        cls.__call__ = wrapper
         mlx_rmsnorm.patch(fuse=True)
         assert mlx_rmsnorm.is_fused()
         _fuse.reset_counts()
@@ -177,10 +220,10 @@ def test_class_wrapper_installed_after_patch_runs_and_survives_unpatch():
         assert _fuse.counts()["fused"] == 2
     finally:
         mlx_rmsnorm.unpatch()
-        rec = _fuse._installed.pop(("mlx_lm.models.llama", "TransformerBlock", "__call__"), None)
+        rec = _fuse._installed.pop(key, None)
         if rec is not None:
-            llama.TransformerBlock.__call__ = rec.original
-    assert llama.TransformerBlock.__dict__["__call__"].__module__ == "mlx_lm.models.llama"
+            cls.__call__ = rec.original
+    assert cls.__dict__["__call__"].__module__ == cls.__module__
 
 
 def _loss_and_grads(model, x, y):
@@ -192,12 +235,13 @@ def _loss_and_grads(model, x, y):
     return loss, dict(tree_flatten(grads))
 
 
+@pytest.mark.parametrize("name", ["qwen3", "gpt2", "stablelm"])
 @pytest.mark.parametrize("order", ["checkpoint-first", "patch-first"])
-def test_grad_checkpoint_keeps_checkpointing(order):
-    model = make("qwen3")
+def test_grad_checkpoint_keeps_checkpointing(order, name):
+    model = make(name)
     x, y = tokens()
     want_loss, want = _loss_and_grads(model, x, y)
-    cls = type(model.model.layers[0])
+    cls = type(model.layers[0])
     pristine = cls.__dict__["__call__"]
     calls = []
     real_checkpoint = mx.checkpoint
@@ -209,15 +253,17 @@ def test_grad_checkpoint_keeps_checkpointing(order):
     try:
         mx.checkpoint = counting_checkpoint
         if order == "checkpoint-first":
-            grad_checkpoint(model.model.layers[0])
+            grad_checkpoint(model.layers[0])
             mlx_rmsnorm.patch(fuse=True)
         else:
             mlx_rmsnorm.patch(fuse=True)
-            grad_checkpoint(model.model.layers[0])
+            grad_checkpoint(model.layers[0])
         got_loss, got = _loss_and_grads(model, x, y)
-        assert len(calls) == len(model.model.layers)  # every block checkpointed
+        assert len(calls) == len(model.layers)  # every block checkpointed
         if order == "patch-first":
             assert _fuse.counts()["fused"] > 0  # fused inside the checkpoint
+        else:
+            assert _fuse.counts()["fused"] == 0
         assert abs(got_loss.item() - want_loss.item()) <= 1e-5 * abs(want_loss.item())
         for k in want:
             assert close(got[k], want[k], 1e-4), k
@@ -226,43 +272,55 @@ def test_grad_checkpoint_keeps_checkpointing(order):
         assert cls.__dict__["__call__"] is wrapper  # the checkpoint stays
         calls.clear()
         _loss_and_grads(model, x, y)
-        assert len(calls) == len(model.model.layers)
+        assert len(calls) == len(model.layers)
     finally:
         mx.checkpoint = real_checkpoint
         mlx_rmsnorm.unpatch()
-        _fuse._installed.pop(("mlx_lm.models.qwen3", "TransformerBlock", "__call__"), None)
+        _fuse._installed.pop((cls.__module__, cls.__name__, "__call__"), None)
         cls.__call__ = pristine
 
 
-def test_changed_mlx_lm_block_runs_its_own_code():
+CHANGED = {  # the block with h = x + 0.5 * r
+    "llama": "def __call__(self, x, mask=None, cache=None):\n"
+             "    r = self.self_attn(self.input_layernorm(x), mask, cache)\n"
+             "    h = x + 0.5 * r\n"
+             "    return h + self.mlp(self.post_attention_layernorm(h))\n",
+    "gpt2": "def __call__(self, x, mask=None, cache=None):\n"
+            "    r = self.attn(self.ln_1(x), mask, cache)\n"
+            "    h = x + 0.5 * r\n"
+            "    return h + self.mlp(self.ln_2(h))\n",
+    "stablelm": "def __call__(self, x, mask, cache):\n"
+                "    r = self.self_attn(self.input_layernorm(x), mask, cache)\n"
+                "    h = x + 0.5 * r\n"
+                "    return h + self.mlp(self.post_attention_layernorm(h))\n",
+}
+
+
+@pytest.mark.parametrize("name,cls", BLOCKS)
+def test_changed_mlx_lm_block_runs_its_own_code(name, cls):
     # an mlx-lm whose block differs from the one the entry was written for:
     # the same module and name, other source
     namespace = {}
-    exec(
-        "def __call__(self, x, mask=None, cache=None):\n"
-        "    r = self.self_attn(self.input_layernorm(x), mask, cache)\n"
-        "    h = x + 0.5 * r\n"
-        "    return h + self.mlp(self.post_attention_layernorm(h))\n",
-        namespace,
-    )
+    exec(CHANGED[name], namespace)
     changed = namespace["__call__"]
-    changed.__module__ = "mlx_lm.models.llama"
-    changed.__qualname__ = "TransformerBlock.__call__"
-    original = llama.TransformerBlock.__dict__["__call__"]
-    llama.TransformerBlock.__call__ = changed
+    changed.__module__ = cls.__module__
+    changed.__qualname__ = f"{cls.__name__}.__call__"
+    original = cls.__dict__["__call__"]
+    cls.__call__ = changed
     try:
-        model = make("llama")
+        model = make(name)
         x, _ = tokens()
         want = model(x)
         mx.eval(want)
-        with pytest.warns(RuntimeWarning, match="mlx_lm.models.llama.TransformerBlock.*changed block"):
+        with pytest.warns(RuntimeWarning, match=f"{cls.__module__}.{cls.__name__}.*changed block"):
             mlx_rmsnorm.patch(fuse=True)
         got = model(x)
         assert close(got, want)
-        assert llama.TransformerBlock.__dict__["__call__"] is changed
+        assert cls.__dict__["__call__"] is changed
+        assert _fuse.counts() == {}
     finally:
         mlx_rmsnorm.unpatch()
-        llama.TransformerBlock.__call__ = original
+        cls.__call__ = original
 
 
 def test_every_entry_matches_the_installed_mlx_lm():
@@ -272,6 +330,15 @@ def test_every_entry_matches_the_installed_mlx_lm():
         mlx_rmsnorm.patch(fuse=True)
     assert _fuse.skipped() == {}
     assert len(_fuse._installed) == len({sw.key for sws in _fuse.ARCHITECTURES.values() for sw in sws})
+    # the fingerprints are of the installed sources (not a stale list that
+    # happens to install): each entry's original, and MLX's norms
+    for sws in _fuse.ARCHITECTURES.values():
+        for sw in sws:
+            assert _fuse.fingerprint(_fuse._installed[sw.key].original) in sw.sources, sw.key
+    assert _fuse.fingerprint(nn.RMSNorm.__call__) in _fuse.NN_RMS_NORM
+    assert _fuse.fingerprint(nn.LayerNorm.__call__) in _fuse.NN_LAYER_NORM
+    assert {sw.module for sw in _fuse.ARCHITECTURES["gpt2"] + _fuse.ARCHITECTURES["stablelm"]} == {
+        "mlx_lm.models.gpt2", "mlx_lm.models.stablelm"}
 
 
 def test_gemma_norm_subclass_without_own_call_runs_the_original():
@@ -303,15 +370,14 @@ def test_float16_gemma3_keeps_clip_residual():
     assert _fuse.counts()["fallback:float16 (clip_residual)"] == 2
 
 
-def test_block_subclass_runs_the_original():
-    class MyBlock(llama.TransformerBlock):
-        pass
-
-    model = make("llama")
-    old = model.model.layers[0]
+@pytest.mark.parametrize("name,cls", BLOCKS)
+def test_block_subclass_runs_the_original(name, cls):
+    MyBlock = type("MyBlock", (cls,), {})
+    model = make(name)
+    old = model.layers[0]
     new = MyBlock(model.args)
     new.update(old.parameters())
-    model.model.layers[0] = new
+    model.layers[0] = new
     x, _ = tokens()
     want = model(x)
     with mlx_rmsnorm.patched(fuse=True):
@@ -396,3 +462,38 @@ def test_report_counts_every_graph_and_the_fused_blocks(tmp_path):
     assert "RMSNormPluginVJP=51 " in lines[0], lines
     assert "AddRMSNormPluginVJP=12 " in lines[0], lines
     assert "blocks_fused=12 blocks_unfused=12 (norm class: 12)" in lines[1], lines
+
+
+LN_REPORT_SCRIPT = """
+import mlx.core as mx, mlx.nn as nn, sys
+sys.path.insert(0, {tests!r})
+from tiny_models import make, tokens
+model = make("gpt2")
+model.layers[1].ln_2.__class__ = type("Sub", (nn.LayerNorm,), {{}})
+x, y = tokens()
+step = nn.value_and_grad(model, lambda m, x, y: nn.losses.cross_entropy(m(x), y).mean())
+for _ in range(3):
+    mx.eval(step(model, x, y))
+import os, mlx_rmsnorm
+print("mlx_rmsnorm from", os.path.dirname(os.path.dirname(os.path.abspath(mlx_rmsnorm.__file__))))
+"""
+
+
+def test_report_counts_the_fused_layer_norm_blocks(tmp_path):
+    script = tmp_path / "train.py"
+    tests = os.path.dirname(os.path.abspath(__file__))
+    script.write_text(LN_REPORT_SCRIPT.format(tests=tests))
+    # the mlx_rmsnorm of this tree (not whatever an editable install points at)
+    root = os.path.dirname(tests)
+    env = dict(os.environ, MLX_RMSNORM_PATCH="fuse", MLX_RMSNORM_REPORT="1",
+               PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("mlx_rmsnorm report:")]
+    assert "gradient_graphs=3 " in lines[0], lines
+    assert f"mlx_rmsnorm from {root}" in out.stdout, out.stdout
+    # 3 steps x (2 ln_1 + the unfused ln_2 + ln_f)
+    assert "LayerNormPluginVJP=12 " in lines[0], lines
+    assert "AddLayerNormPlugin=3 AddLayerNormPluginVJP=3" in lines[0], lines
+    assert "AddRMSNormPluginVJP=0 " in lines[0], lines
+    assert "blocks_fused=3 blocks_unfused=3 (norm class: 3)" in lines[1], lines
