@@ -320,3 +320,49 @@ def test_compiled_step_keeps_the_norm_it_was_traced_with(train_step):
         mx.eval(state)
     finally:
         mlx_rmsnorm.unpatch()
+
+
+@pytest.mark.parametrize("op", ["RMSNorm", "LayerNorm"])
+def test_fused_contenders_compute_what_they_are_named(op):
+    """bench --fused: every contender of each op against MLX's own composition
+    (x + r, then mx.fast's norm, differentiated by mx.vjp)."""
+    from mlx_rmsnorm.bench import fused
+
+    dtype = mx.float32
+    x, r, gy, gh = (random((24, 96), dtype, s) for s in (1, 2, 3, 4))
+    w = random((96,), dtype, 5, scale=0.1, offset=1.0)
+    b = (0.1 * (w - 1)).astype(dtype)  # the bias fused_contenders makes
+    params = [w, b] if op == "LayerNorm" else [w]
+    norm = mx.fast.layer_norm if op == "LayerNorm" else mx.fast.rms_norm
+    h = x + r
+    y_ref = norm(h, *params, core.EPS)
+    grads = mx.vjp(lambda h, *p: norm(h, *p, core.EPS), [h, *params], [gy])[1]
+    ref_bwd = [grads[0] + gh, *grads[1:]]
+    with mx.stream(mx.cpu):
+        figs = fused.fused_contenders(w, op)
+        for direction, impl, fn in figs:
+            if impl.startswith("copy"):
+                continue
+            if direction == "fwd":
+                y, h_out = fn(x, r, None)
+                assert mx.array_equal(h_out, h), impl
+                assert rel_err(y, to_numpy(y_ref)) <= TOL[dtype], impl
+            else:
+                out = [a for a in fn(h, gy, gh) if a is not None]
+                assert len(out) == len(ref_bwd), impl
+                for a, ref in zip(out, ref_bwd):
+                    assert rel_err(a, to_numpy(ref)) <= TOL[dtype], impl
+    assert {i for _, i, _ in figs} >= {"fused", fused.FUSED_BASELINE, "MLX add + our norm"}
+
+
+def test_layer_norm_sections_show_our_rms_norm_beside_ours(tmp_path, capsys):
+    """LayerNorm moves what RMSNorm moves: its tables carry our RMSNorm on the
+    same tensors and ours / it."""
+    assert bench.main(["--sections", "ln_table", "--quick", "--repeats", "1", "--calls", "2",
+                       "--singles", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "our RMSNorm" in out and "/ RMS" in out
+    with open(tmp_path / "bench_bfloat16_ln_table.json") as f:
+        rows = json.load(f)["rows"]
+    for direction in ("fwd", "bwd", "bwd_gx"):
+        assert {r["impl"] for r in rows if r["direction"] == direction} >= {"ours", core.OUR_RMS_NORM}

@@ -20,7 +20,7 @@ mx.fast.layer_norm, and MLX's add + norm for the fused residual add).
   python -m mlx_rmsnorm.bench                  the default sections, then generation
   python -m mlx_rmsnorm.bench --training       the training and decode shapes
   python -m mlx_rmsnorm.bench --sections ln_training,ln_table    LayerNorm
-  python -m mlx_rmsnorm.bench --fused          the fused residual add + RMSNorm
+  python -m mlx_rmsnorm.bench --fused          the fused residual add + RMSNorm / LayerNorm
   python -m mlx_rmsnorm.bench --generate       mlx-lm generation alone
   python -m mlx_rmsnorm.bench.generation -h    the generation benchmark's own options
 
@@ -35,10 +35,14 @@ Sections (* in a run that names none; --training = training,decode;
 --no-sweep = table):
 {sections}
 
---fused times the fused residual add + norm (add_rms_norm) at the training
-shapes, forward and backward, against MLX's add + the built-in norm and MLX's
-add + our norm, in its own tables and files, then the accuracy of Gemma's
-norm (scale 1 + w) against float64.
+--fused times the fused residual add + norm (add_rms_norm; add_layer_norm,
+whose own GPU kernels run only with MLX_RMSNORM_ADD_LAYER_KERNELS=1 for now)
+at the training shapes of the models patch(fuse=True) rewrites, forward and
+backward, against MLX's add + the built-in norm and MLX's add + our norm, in
+its own tables and files, then the accuracy of Gemma's norm (scale 1 + w)
+against float64. The LayerNorm sections show our RMSNorm on the same tensors
+beside ours: LayerNorm moves what RMSNorm moves, so ours / our RMSNorm is
+the figure to read.
 
 Ceiling: the same bytes through MLX's simplest elementwise kernel with the
 same read:write mix (backward: x + g, 2 reads and 1 write; forward: -x, 1 read
@@ -117,7 +121,7 @@ def parser():
     p.add_argument("--generate", action="store_true", help="only the generation benchmark "
                    "(mlx-lm models, prefill and decode; python -m mlx_rmsnorm.bench.generation -h)")
     p.add_argument("--fused", action="store_true",
-                   help="only the fused residual add + norm section (add_rms_norm)")
+                   help="only the fused residual add + norm section (add_rms_norm, add_layer_norm)")
     return p
 
 

@@ -42,6 +42,9 @@ MAX_SETS = 16
 # others are divided by.
 CEILING = {"fwd": "ceiling (-x)", "bwd": "ceiling (x+g)", "bwd_gx": "ceiling (x+g)"}
 BUILTIN = "mx.fast"
+# A section's figure of our RMSNorm on the same tensors (LayerNorm's): the
+# tables then show ours / it.
+OUR_RMS_NORM = "our RMSNorm"
 DIRECTION_TITLE = {
     "fwd": "forward",
     "bwd": "backward (gx and gw)",

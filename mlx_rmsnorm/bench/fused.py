@@ -1,7 +1,7 @@
-"""The fused residual add + RMSNorm (add_rms_norm) at the training shapes of
-the models whose blocks patch(fuse=True) rewrites, forward and backward,
-against MLX's add + the built-in norm and MLX's add + our norm; then the
-accuracy of Gemma's norm (scale 1 + w) against float64."""
+"""The fused residual add + norm (add_rms_norm, add_layer_norm) at the
+training shapes of the models whose blocks patch(fuse=True) rewrites, forward
+and backward, against MLX's add + the built-in norm and MLX's add + our norm;
+then the accuracy of Gemma's norm (scale 1 + w) against float64."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import time
 
 import mlx.core as mx
 
-from .. import add_rms_norm, add_rms_norm_vjp, rms_norm
-from .core import (EPS, L2_BYTES, MAX_SETS, Progress, builtin_rms_norm, device_name, stats,
+from .. import add_layer_norm, add_layer_norm_vjp, add_rms_norm, add_rms_norm_vjp, layer_norm, rms_norm
+from .core import (EPS, L2_BYTES, MAX_SETS, Progress, builtin_layer_norm, builtin_rms_norm, device_name, stats,
                    time_interleaved, trim)
 from .output import spread, write_outputs
 
@@ -24,6 +24,14 @@ FUSED_SHAPES = [
     (8192, 2560), (8192, 4096), (16384, 4096), (8192, 5120), (4096, 8192),
 ]
 FUSED_QUICK = [(64, 1024), (128, 896), (33, 4099)]
+# The same for the LayerNorm blocks (add_layer_norm): GPT-2 small / medium /
+# large / XL 768, 1024, 1280, 1600; StableLM-2 1.6B 2048, 3B 2560;
+# StarCoder2-3B 3072, 7B 4608, 15B and GPT-NeoX-20B 6144; 8192.
+FUSED_LN_SHAPES = [
+    (8192, 768), (16384, 1024), (32768, 1024), (8192, 1280), (16384, 1600),
+    (8192, 2048), (8192, 2560), (8192, 3072), (8192, 4608), (8192, 6144), (4096, 8192),
+]
+FUSED_LN_QUICK = [(64, 768), (33, 1000)]
 # Tensors each direction moves (rows x N each; the weight and gw are left
 # out): forward reads x and residual and writes h and y; backward reads h,
 # g_y and g_h and writes the one gradient of x and residual.
@@ -32,31 +40,46 @@ FUSED_IMPLS = ["fused", "MLX add + built-in norm", "MLX add + our norm"]
 FUSED_BASELINE = "MLX add + built-in norm"
 
 
-def fused_contenders(w):
+def fused_contenders(w, op="RMSNorm"):
     """[(direction, impl, fn(a, b, c))]. Forward: a = x, b = residual.
     Backward: a = h, b = g_y, c = g_h; the unfused ones differentiate the norm
     of h and add g_h, which is the backward MLX runs for `h = x + r; norm(h)`
-    (the add's own backward is the identity)."""
+    (the add's own backward is the identity). `op`: RMSNorm (a weight) or
+    LayerNorm (a weight and a bias)."""
+    if op == "LayerNorm":
+        b = (0.1 * (w - 1)).astype(w.dtype)  # a bias in w's dtype, as in a checkpoint
+        mx.eval(b)
+        params = [w, b]
+        fused_fwd = lambda x, r, c: add_layer_norm(x, r, w, b, EPS)  # noqa: E731
+        fused_bwd = lambda h, gy, gh: add_layer_norm_vjp(h, w, b, gy, gh, EPS)  # noqa: E731
+        norms = (builtin_layer_norm, layer_norm)
+    else:
+        params = [w]
+        fused_fwd = lambda x, r, c: add_rms_norm(x, r, w, EPS)  # noqa: E731
+        fused_bwd = lambda h, gy, gh: add_rms_norm_vjp(h, w, gy, gh, EPS)  # noqa: E731
+        norms = (builtin_rms_norm, rms_norm)
+
     def unfused_bwd(norm):
         def f(h, gy, gh):
-            gx, gw = mx.vjp(lambda h, w: norm(h, w, EPS), [h, w], [gy])[1]
-            return gx + gh, gw
+            grads = mx.vjp(lambda h, *p: norm(h, *p, EPS), [h, *params], [gy])[1]
+            return [grads[0] + gh, *grads[1:]]
         return f
 
     def unfused_fwd(norm):
         def f(x, r, c):
             h = x + r
-            return norm(h, w, EPS), h
+            return norm(h, *params, EPS), h
         return f
 
+    builtin, ours = norms
     return [
         ("bwd", "copy x+g", lambda a, b, c: a + b),
-        ("bwd", "fused", lambda h, gy, gh: add_rms_norm_vjp(h, w, gy, gh, EPS)),
-        ("bwd", FUSED_BASELINE, unfused_bwd(builtin_rms_norm)),
-        ("bwd", "MLX add + our norm", unfused_bwd(rms_norm)),
-        ("fwd", "fused", lambda x, r, c: add_rms_norm(x, r, w, EPS)),
-        ("fwd", FUSED_BASELINE, unfused_fwd(builtin_rms_norm)),
-        ("fwd", "MLX add + our norm", unfused_fwd(rms_norm)),
+        ("bwd", "fused", fused_bwd),
+        ("bwd", FUSED_BASELINE, unfused_bwd(builtin)),
+        ("bwd", "MLX add + our norm", unfused_bwd(ours)),
+        ("fwd", "fused", fused_fwd),
+        ("fwd", FUSED_BASELINE, unfused_fwd(builtin)),
+        ("fwd", "MLX add + our norm", unfused_fwd(ours)),
     ]
 
 
@@ -71,7 +94,7 @@ def fused_inputs(shape, dtype, n_sets):
     return sets, w
 
 
-def run_fused_case(shape, dtype, calls, repeats, singles, device):
+def run_fused_case(shape, dtype, calls, repeats, singles, device, op="RMSNorm"):
     """Rows for one shape. The ceiling of each direction is the copy kernel's
     rate (x + g: 2 reads, 1 write) applied to that direction's bytes (4
     tensors): the time the fused traffic takes at the copy rate."""
@@ -80,7 +103,7 @@ def run_fused_case(shape, dtype, calls, repeats, singles, device):
     n_sets = max(2, min(MAX_SETS, -(-L2_BYTES // (3 * tensor)) + 1))
     with mx.stream(device):
         sets, w = fused_inputs(shape, dtype, n_sets)
-        figs = fused_contenders(w)
+        figs = fused_contenders(w, op)
         samples = time_interleaved([f for _, _, f in figs], sets, calls, repeats, singles)
     del sets, w
     mx.clear_cache()
@@ -96,7 +119,7 @@ def run_fused_case(shape, dtype, calls, repeats, singles, device):
         base = [1e6 * e for e in samples[base_i]["many"]]
         st = stats(us)
         rows.append(dict(
-            kind="fused", direction=direction, impl=impl, shape=f"{m}x{n}", M=m, N=n,
+            kind="fused", op=op, direction=direction, impl=impl, shape=f"{m}x{n}", M=m, N=n,
             dtype=str(dtype).split(".")[-1], bytes=FUSED_TENSORS[direction] * tensor,
             calls=calls, repeats=len(us), us=st["med"], us_min=st["min"], us_max=st["max"],
             us_single=statistics.median([1e6 * t for t in samples[i]["single"]]),
@@ -110,15 +133,27 @@ def run_fused_case(shape, dtype, calls, repeats, singles, device):
     return rows
 
 
-def print_fused_tables(rows):
-    for direction, title in (("fwd", "forward: read x, residual; write h, y"),
-                             ("bwd", "backward: read h, g_y, g_h; write gx (+ gw)")):
-        sel = [r for r in rows if r["direction"] == direction]
+def add_layer_kernels_on(device):
+    """Whether add_layer_norm runs its own kernels here: on a GPU only with
+    MLX_RMSNORM_ADD_LAYER_KERNELS=1 for now (mlx_rmsnorm/csrc/layer_norm.h);
+    otherwise its GPU figure is MLX's add + our layer_norm."""
+    return device != mx.gpu or os.environ.get("MLX_RMSNORM_ADD_LAYER_KERNELS") == "1"
+
+
+def print_fused_tables(rows, device=None):
+    for op, direction, title in [(op, d, t) for op in ("RMSNorm", "LayerNorm") for d, t in (
+            ("fwd", "forward: read x, residual; write h, y"),
+            ("bwd", "backward: read h, g_y, g_h; write gx (+ gw" + (", gb)" if op == "LayerNorm" else ")")))]:
+        sel = [r for r in rows if r["direction"] == direction and r.get("op", "RMSNorm") == op]
         if not sel:
             continue
-        print(f"\nfused add + RMSNorm, {title}: us per call, {sel[0]['calls']} calls per eval, "
+        note = ""
+        if op == "LayerNorm" and device is not None and not add_layer_kernels_on(device):
+            note = ("\n(add_layer_norm's own GPU kernels are off: 'fused' is MLX's add + our "
+                    "layer_norm; MLX_RMSNORM_ADD_LAYER_KERNELS=1 times them)")
+        print(f"\nfused add + {op}, {title}: us per call, {sel[0]['calls']} calls per eval, "
               f"median of {sel[0]['repeats']} interleaved repeats; x = {FUSED_BASELINE} / impl; "
-              f"ceiling = the copy kernel's rate on these 4 tensors")
+              f"ceiling = the copy kernel's rate on these 4 tensors{note}")
         hdr = f"{'shape':>12} {'ceil us':>8}" + "".join(f" {i[:24]:>24} {'%ceil':>6} {'x':>5}"
                                                     for i in FUSED_IMPLS)
         print(hdr)
@@ -168,15 +203,19 @@ def gemma_accuracy(device, shape=(4096, 2048), seed=60):
 def run(args, device, dtype, shapes):
     """The section on its own (bench --fused): its tables, CSV, JSON and the
     Gemma accuracy lines."""
-    shapes = shapes or (FUSED_QUICK if args.quick else FUSED_SHAPES)
+    if shapes:  # the given shapes, for both ops
+        run_list = [(op, shape) for op in ("RMSNorm", "LayerNorm") for shape in shapes]
+    else:
+        run_list = ([("RMSNorm", s) for s in (FUSED_QUICK if args.quick else FUSED_SHAPES)]
+                    + [("LayerNorm", s) for s in (FUSED_LN_QUICK if args.quick else FUSED_LN_SHAPES)])
     t_start = time.perf_counter()
     rows = []
-    progress = Progress(len(shapes), len(shapes))  # a step a shape
+    progress = Progress(len(run_list), len(run_list))  # a step a shape
     try:
-        for i, shape in enumerate(shapes):
-            progress.case(i, "fused", "x".join(map(str, shape)))
+        for i, (op, shape) in enumerate(run_list):
+            progress.case(i, f"fused {op}", "x".join(map(str, shape)))
             rows += run_fused_case(tuple(shape[-2:]), dtype, args.calls, args.repeats,
-                                   args.singles, device)
+                                   args.singles, device, op)
             progress.round_done()
     finally:
         progress.close()
@@ -186,7 +225,7 @@ def run(args, device, dtype, shapes):
     write_outputs(rows, base, dict(device=str(device), dtype=args.dtype, sections=["fused"],
                                    calls=args.calls, repeats=args.repeats, quick=args.quick,
                                    seconds=elapsed))
-    print_fused_tables(rows)
+    print_fused_tables(rows, device)
     gemma_accuracy(device)
     print(f"\nresults: {base}.csv, {base}.json ({elapsed:.0f} s)")
     return 0

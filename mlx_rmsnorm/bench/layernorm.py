@@ -1,14 +1,16 @@
 """LayerNorm with a weight and a bias: mlx_rmsnorm.layer_norm against
 mx.fast.layer_norm as mx.grad reaches them (mx.vjp of the forward), with the
-ceilings on the same bytes (bwd: x + g; fwd: -x); the same timing and tables
-as RMSNorm's training section."""
+ceilings on the same bytes (bwd: x + g; fwd: -x), and our own RMSNorm on the
+same tensors: LayerNorm moves what RMSNorm moves (plus a bias and its
+gradient, 2 N elements), so ours / our RMSNorm is the figure to read. The
+same timing and tables as RMSNorm's training section."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 
-from .. import layer_norm
-from .core import BUILTIN, CEILING, EPS, Section, builtin_layer_norm
+from .. import layer_norm, rms_norm
+from .core import BUILTIN, CEILING, EPS, OUR_RMS_NORM, Section, builtin_layer_norm, vjp_both, vjp_gx
 from .table import SHAPES
 
 LN_TRAIN_M = [8192, 16384, 32768]
@@ -32,11 +34,14 @@ def ln_contenders(w, gpu):
     return [("bwd", CEILING["bwd"], lambda x, g: x + g),
             ("bwd", "ours", both(layer_norm)),
             ("bwd", BUILTIN, both(builtin_layer_norm)),
+            ("bwd", OUR_RMS_NORM, vjp_both(rms_norm, w)),
             ("bwd_gx", "ours", gx_only(layer_norm)),
             ("bwd_gx", BUILTIN, gx_only(builtin_layer_norm)),
+            ("bwd_gx", OUR_RMS_NORM, vjp_gx(rms_norm, w)),
             ("fwd", CEILING["fwd"], lambda x, g: -x),
             ("fwd", "ours", lambda x, g: layer_norm(x, w, b, EPS)),
-            ("fwd", BUILTIN, lambda x, g: builtin_layer_norm(x, w, b, EPS))]
+            ("fwd", BUILTIN, lambda x, g: builtin_layer_norm(x, w, b, EPS)),
+            ("fwd", OUR_RMS_NORM, lambda x, g: rms_norm(x, w, EPS))]
 
 
 SECTIONS = {

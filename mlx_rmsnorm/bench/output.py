@@ -7,7 +7,7 @@ import csv
 import json
 import sys
 
-from .core import BUILTIN, CEILING, DIRECTION_TITLE
+from .core import BUILTIN, CEILING, DIRECTION_TITLE, OUR_RMS_NORM
 
 
 def spread(med, lo, hi, fmt="{:.1f}"):
@@ -58,22 +58,30 @@ def print_direction_table(rows, kind, direction, count_build=False):
     if not shapes:
         return
     first = get(rows, kind, shapes[0], direction, "ours")
+    # LayerNorm's sections time our RMSNorm on the same tensors too
+    rms = get(rows, kind, shapes[0], direction, OUR_RMS_NORM) is not None
     what = "us per call incl. graph building" if count_build else "us per call"
     print(f"\n{kind}, {DIRECTION_TITLE[direction]}: {what}, {first['calls']} calls per eval, "
           f"median [min-max] of {first['repeats']} interleaved repeats; "
-          f"ratio = built-in / ours; ceiling = {CEILING[direction]}")
+          f"ratio = built-in / ours; ceiling = {CEILING[direction]}"
+          + ("; / RMS = ours / our RMSNorm on the same tensors" if rms else ""))
     hdr = (f"{'shape':>14} {'ours':>22} {'mx.fast':>22} {'ratio':>18} "
-           f"{'ours %ceil':>10} {'mx %ceil':>9} {'ceil us':>8} {'1-eval ours':>11} {'1-eval mx':>9}")
+           f"{'ours %ceil':>10} {'mx %ceil':>9} {'ceil us':>8} {'1-eval ours':>11} {'1-eval mx':>9}"
+           + (f" {'our RMSNorm':>22} {'/ RMS':>6}" if rms else ""))
     print(hdr)
     print("-" * len(hdr))
     for s in shapes:
         o = get(rows, kind, s, direction, "ours")
         b = get(rows, kind, s, direction, BUILTIN)
-        print(f"{s:>14} {spread(o['us'], o['us_min'], o['us_max']):>22} "
-              f"{spread(b['us'], b['us_min'], b['us_max']):>22} "
-              f"{spread(o['speedup_vs_builtin'], o['speedup_min'], o['speedup_max'], '{:.2f}'):>18} "
-              f"{o['pct_ceiling']:9.0f}% {b['pct_ceiling']:8.0f}% {o['ceiling_us']:8.1f} "
-              f"{o['us_single']:11.1f} {b['us_single']:9.1f}")
+        line = (f"{s:>14} {spread(o['us'], o['us_min'], o['us_max']):>22} "
+                f"{spread(b['us'], b['us_min'], b['us_max']):>22} "
+                f"{spread(o['speedup_vs_builtin'], o['speedup_min'], o['speedup_max'], '{:.2f}'):>18} "
+                f"{o['pct_ceiling']:9.0f}% {b['pct_ceiling']:8.0f}% {o['ceiling_us']:8.1f} "
+                f"{o['us_single']:11.1f} {b['us_single']:9.1f}")
+        if rms:
+            r = get(rows, kind, s, direction, OUR_RMS_NORM)
+            line += f" {spread(r['us'], r['us_min'], r['us_max']):>22} {o['us'] / r['us']:6.2f}"
+        print(line)
 
 
 def plot(rows, path, title, specs):
@@ -94,7 +102,7 @@ def plot(rows, path, title, specs):
                                 for p in panels))
     fig, axes = plt.subplots(len(panels), 1, figsize=(width, 3.2 * len(panels)), squeeze=False)
     colors = {"ours": "tab:blue", "ours auto": "tab:blue", "ours naive": "tab:green",
-              BUILTIN: "tab:orange"}
+              BUILTIN: "tab:orange", OUR_RMS_NORM: "tab:purple"}
     for ax, (kind, direction) in zip(axes[:, 0], panels):
         shapes = list(dict.fromkeys(r["shape"] for r in rows
                                     if r["kind"] == kind and r["direction"] == direction))
