@@ -124,7 +124,8 @@ def summary() -> str:
         f"mlx_rmsnorm report: fused={mlx_rmsnorm.is_fused()} blocks_fused={blocks['fused']} "
         f"blocks_unfused={sum(v for k, v in blocks.items() if k != 'fused')}"
         + (f" ({fallbacks})" if fallbacks else "")
-        + (CPU_NOTE if mx.default_device() == mx.cpu and not _fuse._cpu_plugin else "")
+        + (CPU_NOTE if mlx_rmsnorm.is_patched() and mx.default_device() == mx.cpu
+           and not _fuse._cpu_plugin else "")
     )
 
 

@@ -60,16 +60,23 @@ model = nn.Sequential(nn.Linear(8, 16), nn.RMSNorm(16), nn.Linear(16, 1))
 step = nn.value_and_grad(model, lambda m, x: m(x).square().mean())
 mx.eval(step(model, mx.random.normal((4, 8))))
 PY
+# On a CPU stream patch() runs MLX's own norm unless MLX_RMSNORM_ROUTE_CPU=1
+# (docs/api.md): with it the plugin's nodes are in the graph, without it the
+# report says so.
+out="$(MLX_RMSNORM_PATCH=1 MLX_RMSNORM_REPORT=1 MLX_RMSNORM_ROUTE_CPU=1 "$PY" "$T/train.py" 2>&1)" \
+  || fail "MLX_RMSNORM_PATCH run: $out"
+echo "$out" | grep "patched="
+echo "$out" | grep -q "patched=True .*RMSNormPluginVJP=[1-9]" || fail "MLX_RMSNORM_PATCH did not patch: $out"
 out="$(MLX_RMSNORM_PATCH=1 MLX_RMSNORM_REPORT=1 "$PY" "$T/train.py" 2>&1)" || fail "MLX_RMSNORM_PATCH run: $out"
-echo "$out" | tail -1
-echo "$out" | grep -q "patched=True .*RMSNormPluginVJP=[1-9]" || fail "MLX_RMSNORM_PATCH did not patch"
+echo "$out" | grep -q "patched=True" && echo "$out" | grep -q "the default stream is the CPU" \
+  || fail "MLX_RMSNORM_PATCH on the CPU stream: no patch, or no word of MLX's own norm: $out"
 out="$("$PY" "$T/train.py" 2>&1)"
 echo "$out" | grep -q "mlx_rmsnorm report" && fail "report without the variables"
 echo "PASS MLX_RMSNORM_PATCH=1 patches a program that never imports mlx_rmsnorm (.pth)"
 out="$(MLX_RMSNORM_REPORT=1 "$PY" "$T/train.py" 2>&1)" || fail "MLX_RMSNORM_REPORT run: $out"
 echo "$out" | tail -1
 echo "$out" | grep -q "patched=False gradient_graphs=1 RMSNormPlugin=0 RMSNormPluginVJP=0" \
-  || fail "MLX_RMSNORM_REPORT=1 alone printed no report"
+  || fail "MLX_RMSNORM_REPORT=1 alone printed no report: $out"
 echo "PASS MLX_RMSNORM_REPORT=1 alone reports (the built-in ran, nothing patched)"
 
 echo "-- mlx[cpu]==$OLD_MLX over it"
