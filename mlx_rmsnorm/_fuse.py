@@ -373,6 +373,17 @@ def _warn(what: str, why: str) -> None:
     )
 
 
+def _mlx_norm_call(cls: type, sources: frozenset) -> Optional[Callable]:
+    """``cls.__call__`` where it is MLX's own (the entries of that norm fuse
+    only then), else None, with a warning."""
+    call = cls.__dict__.get("__call__")
+    why = _own_code(call, cls.__module__, f"{cls.__name__}.__call__", sources)
+    if why is not None:
+        _warn(f"mlx.nn.{cls.__name__}", why)
+        return None
+    return call
+
+
 def apply() -> None:
     """Install (or reactivate) every entry's replacement (idempotent). The
     entries of a norm whose ``mlx.nn`` ``__call__`` is not MLX's own (``norm``:
@@ -381,19 +392,9 @@ def apply() -> None:
     global _nn_rms_norm_call, _nn_layer_norm_call
     with _lock:
         if _nn_rms_norm_call is None:
-            call = nn.RMSNorm.__dict__.get("__call__")
-            why = _own_code(call, nn.RMSNorm.__module__, "RMSNorm.__call__", NN_RMS_NORM)
-            if why is not None:
-                _warn("mlx.nn.RMSNorm", why)
-            else:
-                _nn_rms_norm_call = call
+            _nn_rms_norm_call = _mlx_norm_call(nn.RMSNorm, NN_RMS_NORM)
         if _nn_layer_norm_call is None:
-            call = nn.LayerNorm.__dict__.get("__call__")
-            why = _own_code(call, nn.LayerNorm.__module__, "LayerNorm.__call__", NN_LAYER_NORM)
-            if why is not None:
-                _warn("mlx.nn.LayerNorm", why)
-            else:
-                _nn_layer_norm_call = call
+            _nn_layer_norm_call = _mlx_norm_call(nn.LayerNorm, NN_LAYER_NORM)
         norm_ok = {"rms": _nn_rms_norm_call is not None, "layer": _nn_layer_norm_call is not None}
         for swaps in ARCHITECTURES.values():
             for sw in swaps:
