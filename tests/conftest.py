@@ -141,6 +141,17 @@ def gw_scale(x, g, eps) -> float:
     return float(np.max(terms)) if terms.size else 0.0
 
 
+def unbroadcast(g, shape):
+    """The gradient of an input broadcast to g's shape (x + residual's
+    residual, say): g summed back to `shape`."""
+    while g.ndim > len(shape):
+        g = g.sum(axis=0)
+    for i, s in enumerate(shape):
+        if s == 1 and g.shape[i] != 1:
+            g = g.sum(axis=i, keepdims=True)
+    return g
+
+
 def rel_err(out, ref, scale=None) -> float:
     """max |out - ref| / max |ref| (or / scale when given)."""
     out = to_numpy(out) if isinstance(out, mx.array) else out

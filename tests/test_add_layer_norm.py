@@ -9,7 +9,7 @@ derivatives) is in test_contract.py."""
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import DEVICES, DTYPES, TOL, graph_text, random, rel_err, to_numpy
+from conftest import DEVICES, DTYPES, TOL, graph_text, random, rel_err, to_numpy, unbroadcast
 
 import mlx_rmsnorm
 from mlx_rmsnorm import _patching
@@ -50,16 +50,6 @@ def ref_backward(hd, w, gy, gh, eps):
     gb = g.reshape(-1, n).sum(axis=0)
     scale = max(float(np.max(np.abs(rstd * v))), float(np.max(np.abs(to_numpy(gh)))))
     return gx, gw, gb, scale
-
-
-def unbroadcast(g, shape):
-    """The gradient of an input that x + residual broadcast: g summed back."""
-    while g.ndim > len(shape):
-        g = g.sum(axis=0)
-    for i, s in enumerate(shape):
-        if s == 1 and g.shape[i] != 1:
-            g = g.sum(axis=i, keepdims=True)
-    return g
 
 
 def make(x_shape, r_shape, dtype, with_w, with_b, seed, r_dtype=None, w_dtype=None):

@@ -7,7 +7,7 @@ residuals, and error messages that name the op and the argument."""
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import DEVICES
+from conftest import DEVICES, unbroadcast
 
 from mlx_rmsnorm import _ext
 
@@ -147,16 +147,6 @@ def np_layer_vjp(x, w, g):
     return [gx, np.sum(g * xh, axis=_rows(x)), np.sum(g, axis=_rows(x))]
 
 
-def _unbroadcast(g, shape):
-    """The gradient of an input broadcast to g's shape: g summed back."""
-    while g.ndim > len(shape):
-        g = g.sum(axis=0)
-    for i, s in enumerate(shape):
-        if s == 1 and g.shape[i] != 1:
-            g = g.sum(axis=i, keepdims=True)
-    return g
-
-
 def np_add(x, r, w):
     h = x + r
     return [np_rms(h, w), h]
@@ -167,7 +157,7 @@ def np_add_vjp_inputs(x, r, w, cy, ch):
     h = x + r
     gx, gw = np_rms_vjp(h, w, cy)
     gh = gx + ch
-    return [_unbroadcast(gh, x.shape), _unbroadcast(gh, r.shape), gw]
+    return [unbroadcast(gh, x.shape), unbroadcast(gh, r.shape), gw]
 
 
 def np_add_layer(x, r, w, b):
@@ -180,7 +170,7 @@ def np_add_layer_vjp_inputs(x, r, w, b, cy, ch):
     h = x + r
     gx, gw, gb = np_layer_vjp(h, w, cy)
     gh = gx + ch
-    return [_unbroadcast(gh, x.shape), _unbroadcast(gh, r.shape), gw, gb]
+    return [unbroadcast(gh, x.shape), unbroadcast(gh, r.shape), gw, gb]
 
 
 class Op:

@@ -20,7 +20,8 @@ from mlx_rmsnorm import _fuse
 from mlx_rmsnorm._autopatch import primitive_counts
 
 pytest.importorskip("mlx_lm.models")
-from tiny_models import CONFIGS, LAYER_NORM, PARALLEL, VOCAB, fused_node, make, tokens  # noqa: E402
+from tiny_models import (CONFIGS, LAYER_NORM, PARALLEL, VOCAB, fused_node, loss_and_grads,  # noqa: E402
+                         make, tokens)
 
 def train(name, steps=4):
     model = make(name)
@@ -93,23 +94,14 @@ def test_trains_like_unpatched(name):
     assert not mlx_rmsnorm.is_fused()
 
 
-def _grads(model, x, y):
-    def loss_fn(m, x, y):
-        return nn.losses.cross_entropy(m(x), y).mean()
-
-    loss, grads = nn.value_and_grad(model, loss_fn)(model, x, y)
-    mx.eval(loss, grads)
-    return loss, dict(tree_flatten(grads))
-
-
 @pytest.mark.parametrize("name", sorted(LAYER_NORM))
 def test_layer_norm_blocks_same_gradients(name):
     # every parameter's gradient, the norms' weights and biases among them
     model = make(name)
     x, y = tokens()
-    want_loss, want = _grads(model, x, y)
+    want_loss, want = loss_and_grads(model, x, y)
     with mlx_rmsnorm.patched(fuse=True):
-        got_loss, got = _grads(model, x, y)
+        got_loss, got = loss_and_grads(model, x, y)
     assert _fuse.counts()["fused"] == len(model.layers)
     assert abs(got_loss.item() - want_loss.item()) <= 1e-5 * abs(want_loss.item())
     assert set(got) == set(want)
@@ -160,13 +152,13 @@ def test_layer_norm_without_weight_or_bias_fuses(kind):
             new.weight = old.weight
         layer.ln_2 = new
     x, y = tokens()
-    want_loss, want = _grads(model, x, y)
+    want_loss, want = loss_and_grads(model, x, y)
     want_logits = model(x)
     mx.eval(want_logits)
     with mlx_rmsnorm.patched(fuse=True):
         got_logits = model(x)
         assert primitive_counts(got_logits)["AddLayerNormPlugin"] == 2
-        got_loss, got = _grads(model, x, y)
+        got_loss, got = loss_and_grads(model, x, y)
     assert float(mx.abs(got_logits - want_logits).max()) <= 2e-5 * float(mx.abs(want_logits).max())
     assert set(got) == set(want)
     for k in want:

@@ -13,7 +13,6 @@ import warnings
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from mlx.utils import tree_flatten
 
 import mlx_rmsnorm
 from mlx_rmsnorm import _fuse
@@ -21,7 +20,7 @@ from mlx_rmsnorm import _fuse
 pytest.importorskip("mlx_lm.models")
 from mlx_lm.models import gemma, gemma2, gemma3_text, gpt2, llama, stablelm  # noqa: E402
 from mlx_lm.tuner.trainer import grad_checkpoint  # noqa: E402
-from tiny_models import CONFIGS, LAYER_NORM, NORMS, embed, make, tokens  # noqa: E402
+from tiny_models import CONFIGS, LAYER_NORM, NORMS, embed, loss_and_grads, make, tokens  # noqa: E402
 
 FUSED = ["llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
          "gpt2", "gpt_bigcode", "starcoder2", "gpt_neox", "stablelm"]
@@ -226,21 +225,12 @@ def test_class_wrapper_installed_after_patch_runs_and_survives_unpatch(name, cls
     assert cls.__dict__["__call__"].__module__ == cls.__module__
 
 
-def _loss_and_grads(model, x, y):
-    def loss_fn(m, x, y):
-        return nn.losses.cross_entropy(m(x), y).mean()
-
-    loss, grads = nn.value_and_grad(model, loss_fn)(model, x, y)
-    mx.eval(loss, grads)
-    return loss, dict(tree_flatten(grads))
-
-
 @pytest.mark.parametrize("name", ["qwen3", "gpt2", "stablelm"])
 @pytest.mark.parametrize("order", ["checkpoint-first", "patch-first"])
 def test_grad_checkpoint_keeps_checkpointing(order, name):
     model = make(name)
     x, y = tokens()
-    want_loss, want = _loss_and_grads(model, x, y)
+    want_loss, want = loss_and_grads(model, x, y)
     cls = type(model.layers[0])
     pristine = cls.__dict__["__call__"]
     calls = []
@@ -258,7 +248,7 @@ def test_grad_checkpoint_keeps_checkpointing(order, name):
         else:
             mlx_rmsnorm.patch(fuse=True)
             grad_checkpoint(model.layers[0])
-        got_loss, got = _loss_and_grads(model, x, y)
+        got_loss, got = loss_and_grads(model, x, y)
         assert len(calls) == len(model.layers)  # every block checkpointed
         if order == "patch-first":
             assert _fuse.counts()["fused"] > 0  # fused inside the checkpoint
@@ -271,7 +261,7 @@ def test_grad_checkpoint_keeps_checkpointing(order, name):
         mlx_rmsnorm.unpatch()
         assert cls.__dict__["__call__"] is wrapper  # the checkpoint stays
         calls.clear()
-        _loss_and_grads(model, x, y)
+        loss_and_grads(model, x, y)
         assert len(calls) == len(model.layers)
     finally:
         mx.checkpoint = real_checkpoint

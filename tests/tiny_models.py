@@ -2,6 +2,7 @@
 ``patch(fuse=True)`` rewrites (shared by the fuse tests)."""
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models import (gemma, gemma2, gemma3_text, gpt2, gpt_bigcode, gpt_neox, llama, qwen3, qwen3_moe,
                             stablelm, starcoder2)
@@ -89,3 +90,14 @@ def tokens():
     return t[:, :-1], t[:, 1:]
 
 
+
+
+def loss_and_grads(model, x, y):
+    """The cross-entropy loss of next-token prediction and every parameter's
+    gradient (flattened names), evaluated."""
+    def loss_fn(m, x, y):
+        return nn.losses.cross_entropy(m(x), y).mean()
+
+    loss, grads = nn.value_and_grad(model, loss_fn)(model, x, y)
+    mx.eval(loss, grads)
+    return loss, dict(tree_flatten(grads))
