@@ -11,7 +11,7 @@ import time
 
 import mlx.core as mx
 
-from .. import add_layer_norm, add_layer_norm_vjp, add_rms_norm, add_rms_norm_vjp, layer_norm, rms_norm
+from .. import _ext, add_layer_norm, add_layer_norm_vjp, add_rms_norm, add_rms_norm_vjp, layer_norm, rms_norm
 from .core import (EPS, L2_BYTES, MAX_SETS, Progress, builtin_layer_norm, builtin_rms_norm, device_name, stats,
                    time_interleaved, trim)
 from .output import spread, write_outputs
@@ -137,7 +137,7 @@ def add_layer_kernels_on(device):
     """Whether add_layer_norm runs its own kernels here: on a GPU only with
     MLX_RMSNORM_ADD_LAYER_KERNELS=1 for now (mlx_rmsnorm/csrc/layer_norm.h);
     otherwise its GPU figure is MLX's add + our layer_norm."""
-    return device != mx.gpu or os.environ.get("MLX_RMSNORM_ADD_LAYER_KERNELS") == "1"
+    return device != mx.gpu or _ext._add_layer_kernels_on()
 
 
 def print_fused_tables(rows, device=None):
