@@ -39,9 +39,8 @@
 # One op's whole check (after a change to it)
 #   fused         the fused add: its tests, bench-fused, training steps and decode of
 #                 the Qwen3/Llama shapes under patch(fuse=True), the RMSNorm GPU tests
-#   layernorm     LayerNorm: its tests, add_layer_norm's tests with its kernels on
-#                 (MLX_RMSNORM_ADD_LAYER_KERNELS=1), bench-ln, bench --fused and the
-#                 gpt2-medium training step with those kernels, the RMSNorm GPU tests
+#   layernorm     LayerNorm: its tests, add_layer_norm's tests, bench-ln, bench --fused
+#                 and the gpt2-medium training step, the RMSNorm GPU tests
 # Kernels and the fixed cost of a call
 #   ncu           kernels alone under Nsight Compute: the seed shape and training shapes
 #   profile       Nsight Compute sections of the persistent backward (standalone)
@@ -245,12 +244,11 @@ run_fused() {
 run_layernorm() {
   local rc=0
   pytest_run tests-ln.log 150 $XDIST --maxfail=10 "$ROOT/tests/test_layer_norm.py" || rc=1
-  # add_layer_norm's own kernels (off by default until this passes: layer_norm.h)
-  MLX_RMSNORM_ADD_LAYER_KERNELS=1 pytest_run tests-add-ln.log 150 $XDIST --maxfail=10 -m gpu \
+  pytest_run tests-add-ln.log 150 $XDIST --maxfail=10 -m gpu \
     "$ROOT/tests/test_add_layer_norm.py" "$ROOT/tests/test_contract.py" "$ROOT/tests/test_fuse.py" || rc=1
   bench bench-ln.log 150 --sections ln_training,ln_table --repeats 5 || rc=1
-  MLX_RMSNORM_ADD_LAYER_KERNELS=1 bench bench-fused-ln.log 120 --fused --repeats 5 --calls 20 --singles 1 || rc=1
-  MLX_RMSNORM_ADD_LAYER_KERNELS=1 timeout "$(cap 150)" python3 examples/bench_train_step.py --model gpt2-medium \
+  bench bench-fused-ln.log 120 --fused --repeats 5 --calls 20 --singles 1 || rc=1
+  timeout "$(cap 150)" python3 examples/bench_train_step.py --model gpt2-medium \
     --norms trained --rounds 4 --steps-per-round 4 2>&1 | tee "$OUT/train-ln.log" | tail -6
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   rms_gpu_tests tests-rms.log || rc=1

@@ -155,13 +155,18 @@ def test_against_the_builtin_composition(device, combo, dtype, shape):
     ours = run(fused(device), x, r, w, b, gy, gh)
     theirs = run(composition(device), x, r, w, b, gy, gh)
     assert np.array_equal(to_numpy(ours[1]), to_numpy(theirs[1]))  # h, bit for bit
+    ref_y, ref_h = ref_forward(x, r, w, b, EPS, ours[1].dtype)
+    ref_gx, ref_gw, ref_gb, _ = ref_backward(ref_h, w, gy, gh, EPS)
+    refs = [ref_y, ref_h, ref_gx, ref_gx, ref_gw, ref_gb]
     # The built-in rounds between its steps (x_hat, * w, + b) and rounds its
-    # gradient of h before the add of g_h: a few roundings apart.
-    for o, p in zip(ours, theirs):
+    # gradient of h before the add of g_h: a few roundings apart. Where it is
+    # farther from float64 than that (its float16 gx at N = 100 on the H200),
+    # ours must be at least as close to float64 as the built-in is.
+    for o, p, ref in zip(ours, theirs, refs):
         assert (o is None) == (p is None)
         if o is not None:
             assert o.dtype == p.dtype and o.shape == p.shape
-            assert rel_err(o, to_numpy(p)) <= 4 * TOL[t]
+            assert rel_err(o, to_numpy(p)) <= 4 * TOL[t] or rel_err(o, ref) <= rel_err(p, ref)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -343,24 +348,17 @@ def test_every_dtype_layer_norm_accepts(x_dtype, r_dtype, w_dtype):
     assert np.max(np.abs(np.array(y.astype(mx.float64, stream=mx.cpu)) - ref)) <= tol * np.max(np.abs(ref))
 
 
-def test_no_elements_on_the_cpu_are_zeros():
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_elements_are_zeros(device):
+    # no kernel and no reduction (MLX's stop the process on such arrays on
+    # the GPU and can hang on the CPU): zeros of the right shapes
     x = mx.zeros((0, 8))
-    y, h = mlx_rmsnorm.add_layer_norm(x, x, mx.ones((8,)), mx.ones((8,)), EPS, stream=mx.cpu)
-    assert y.shape == h.shape == (0, 8)
+    y, h = mlx_rmsnorm.add_layer_norm(x, x, mx.ones((8,)), mx.ones((8,)), EPS, stream=device)
     gx, gw, gb = mlx_rmsnorm.add_layer_norm_vjp(x, mx.ones((8,)), mx.ones((8,)), x, x, EPS,
-                                                stream=mx.cpu)
-    assert gx.shape == (0, 8) and gw.shape == gb.shape == (8,)
+                                                stream=device)
+    mx.eval(y, h, gx, gw, gb)
+    assert y.shape == h.shape == gx.shape == (0, 8) and gw.shape == gb.shape == (8,)
     assert not np.any(np.array(gw)) and not np.any(np.array(gb))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not mx.is_available(mx.gpu), reason="needs a GPU")
-def test_no_elements_on_the_gpu_raise():
-    x = mx.zeros((0, 8))
-    with pytest.raises(ValueError, match=r"\[add_layer_norm\] arrays of no elements"):
-        mlx_rmsnorm.add_layer_norm(x, x, None, None, EPS, stream=mx.gpu)
-    with pytest.raises(ValueError, match=r"\[add_layer_norm_vjp\] arrays of no elements"):
-        mlx_rmsnorm.add_layer_norm_vjp(x, None, None, x, x, EPS, stream=mx.gpu)
 
 
 # --- errors ---------------------------------------------------------------------

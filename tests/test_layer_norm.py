@@ -178,7 +178,7 @@ def test_integer_and_float64_inputs():
         assert y64.dtype == mx.float64
         gx = mx.grad(lambda a: (mlx_rmsnorm.layer_norm(a, None, None, EPS) ** 2).sum())(x64)
         mx.eval(y64, gx)
-    assert np.allclose(np.array(y64), ref_forward(x64, None, None, EPS), atol=1e-10)
+        assert np.allclose(np.array(y64), ref_forward(x64, None, None, EPS), atol=1e-10)
 
 
 @pytest.mark.parametrize(

@@ -35,9 +35,7 @@ Sections (* in a run that names none; --training = training,decode;
 --no-sweep = table):
 {sections}
 
---fused times the fused residual add + norm (add_rms_norm; add_layer_norm,
-whose own GPU kernels run only with MLX_RMSNORM_ADD_LAYER_KERNELS=1 for now)
-at the training shapes of the models patch(fuse=True) rewrites, forward and
+--fused times the fused residual add + norm (add_rms_norm, add_layer_norm) at the training shapes of the models patch(fuse=True) rewrites, forward and
 backward, against MLX's add + the built-in norm and MLX's add + our norm, in
 its own tables and files, then the accuracy of Gemma's norm (scale 1 + w)
 against float64. The LayerNorm sections show our RMSNorm on the same tensors

@@ -133,13 +133,6 @@ def run_fused_case(shape, dtype, calls, repeats, singles, device, op="RMSNorm"):
     return rows
 
 
-def add_layer_kernels_on(device):
-    """Whether add_layer_norm runs its own kernels here: on a GPU only with
-    MLX_RMSNORM_ADD_LAYER_KERNELS=1 for now (mlx_rmsnorm/csrc/layer_norm.h);
-    otherwise its GPU figure is MLX's add + our layer_norm."""
-    return device != mx.gpu or _ext._add_layer_kernels_on()
-
-
 def print_fused_tables(rows, device=None):
     for op, direction, title in [(op, d, t) for op in ("RMSNorm", "LayerNorm") for d, t in (
             ("fwd", "forward: read x, residual; write h, y"),
@@ -147,13 +140,9 @@ def print_fused_tables(rows, device=None):
         sel = [r for r in rows if r["direction"] == direction and r.get("op", "RMSNorm") == op]
         if not sel:
             continue
-        note = ""
-        if op == "LayerNorm" and device is not None and not add_layer_kernels_on(device):
-            note = ("\n(add_layer_norm's own GPU kernels are off: 'fused' is MLX's add + our "
-                    "layer_norm; MLX_RMSNORM_ADD_LAYER_KERNELS=1 times them)")
         print(f"\nfused add + {op}, {title}: us per call, {sel[0]['calls']} calls per eval, "
               f"median of {sel[0]['repeats']} interleaved repeats; x = {FUSED_BASELINE} / impl; "
-              f"ceiling = the copy kernel's rate on these 4 tensors{note}")
+              f"ceiling = the copy kernel's rate on these 4 tensors")
         hdr = f"{'shape':>12} {'ceil us':>8}" + "".join(f" {i[:24]:>24} {'%ceil':>6} {'x':>5}"
                                                     for i in FUSED_IMPLS)
         print(hdr)

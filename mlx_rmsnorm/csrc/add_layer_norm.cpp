@@ -47,7 +47,6 @@ std::vector<mx::array> add_layer_norm(const mx::array& x, const mx::array& resid
   // x and residual in h's dtype and shape (expand_to; add_rms_norm.cpp says
   // what an expanded one costs on the GPU).
   auto xh = expand_to(x, shape, h_type, stream), rh = expand_to(residual, shape, h_type, stream);
-  check_not_empty_on_gpu("add_layer_norm", xh, stream);
   // An h the kernels do not store (integer or bool inputs, as layer_norm
   // accepts them, and float64): the composition itself.
   if (!is_kernel_dtype(h_type)) return composition(x, residual, weight, bias, eps, stream);

@@ -348,10 +348,6 @@ NB_MODULE(_ext, m) {
       "Whether routed_rms_norm / routed_layer_norm run the plugin on CPU streams "
       "too (default: MLX's own op there); returns the previous value.");
 
-  m.def("_add_layer_kernels_on", &mlx_rmsnorm::detail::add_layer_kernels_on,
-        "Whether add_layer_norm runs its own GPU kernels "
-        "(MLX_RMSNORM_ADD_LAYER_KERNELS=1, read once; layer_norm.h says why not by default).");
-
   // Tests only: the GPU path of layer_norm for rows that are not a whole
   // number of 16-byte vectors, on any stream.
   m.def(

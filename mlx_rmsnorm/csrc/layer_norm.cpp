@@ -84,17 +84,8 @@ std::vector<mx::array> backward(const mx::array& x, const std::optional<mx::arra
 
 namespace detail {
 
-bool add_layer_kernels_on() {
-  static const bool on = [] {
-    const char* v = std::getenv("MLX_RMSNORM_ADD_LAYER_KERNELS");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return on;
-}
-
 bool gpu_planned(mx::Dtype x_type, mx::Dtype out_type, int n, const mx::Stream& s, bool add) {
 #ifdef MLX_RMSNORM_CUDA
-  if (add && !add_layer_kernels_on()) return false;
   gpu::use_device(s);
   return rmsnorm::layer_norm_planned(gpu::kernel_dtype(x_type), gpu::kernel_dtype(out_type), n,
                                      add);
@@ -141,7 +132,6 @@ mx::array layer_norm(const mx::array& x, const std::optional<mx::array>& weight,
   if (bias) inputs.push_back(kernel_input(*bias, out_type, stream));
   const bool has_w = weight.has_value(), has_b = bias.has_value();
   // No elements: zeros, as in rms_norm. float64: MLX ops in float64.
-  check_not_empty_on_gpu("layer_norm", x, stream);
   if (out_type == mx::float64 || x.size() == 0) {
     auto y = layer_reference::forward(inputs[0], weight_in(inputs, has_w),
                                       bias_in(inputs, has_w, has_b), eps, out_type, stream);

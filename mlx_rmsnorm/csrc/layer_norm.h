@@ -26,17 +26,7 @@ mx::array layer_norm(const mx::array& x, const std::optional<mx::array>& weight,
 namespace detail {
 // Whether our kernels take rows of n elements on this GPU stream (both
 // directions have a plan; with `add`, those of the fused residual add,
-// add_layer_norm, and only where add_layer_kernels_on()); false on the CPU
-// flavor.
-// Whether add_layer_norm may run its own GPU kernels. Their row math
-// (AddLayerRow) matched float64 on the H200 in the standalone benchmark, but
-// the MLX glue that records them (add_layer_norm_gpu.cpp, and the shared
-// layer_norm_gpu.h) has not run on a GPU yet; until a GPU run of
-// tests/test_add_layer_norm.py with MLX_RMSNORM_ADD_LAYER_KERNELS=1 passes,
-// a GPU stream runs the composition (MLX's add, then our layer_norm): the
-// same values at the unfused speed. MLX_RMSNORM_ADD_LAYER_KERNELS=1 turns
-// them on (read once).
-bool add_layer_kernels_on();
+// add_layer_norm); false on the CPU flavor.
 bool gpu_planned(mx::Dtype x_type, mx::Dtype out_type, int n, const mx::Stream& s,
                  bool add = false);
 // Whether rows of n elements of x_type are a whole number of 16-byte vectors.

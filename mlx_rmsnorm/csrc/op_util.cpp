@@ -124,14 +124,6 @@ void check_offset(const char* op, const std::optional<mx::array>& weight, float 
   if (offset != 0.f && !weight) fail(op, "offset scales by offset + weight and needs a weight.");
 }
 
-void check_not_empty_on_gpu(const char* op, const mx::array& x, const mx::Stream& s) {
-  if (x.size() == 0 && s.device.type == mx::Device::DeviceType::gpu) {
-    fail(op, "arrays of no elements are not supported on the GPU (MLX's GPU reductions, "
-             "mx.fast's norms included, stop the process on them); compute them on the CPU "
-             "stream (stream=mx.cpu).");
-  }
-}
-
 std::vector<mx::array> no_elements(const std::vector<mx::array>& outputs, mx::Stream s) {
   std::vector<mx::array> zeros;
   zeros.reserve(outputs.size());

@@ -58,19 +58,14 @@ void check_cotangent(const char* op, const mx::array& g, const char* g_name,
 // Throws (ValueError) when an offset is given without a weight.
 void check_offset(const char* op, const std::optional<mx::array>& weight, float offset);
 
-// Throws (ValueError) for an array of no elements on a GPU stream: there MLX
-// 0.32.4's reductions, its own norms' included, stop the process with SIGFPE
-// (seen on the H200), so neither our kernels nor MLX ops can compute it. On
-// the CPU such arrays get no_elements() below, no kernel.
-void check_not_empty_on_gpu(const char* op, const mx::array& x, const mx::Stream& s);
-
 // An op on arrays of no elements: each of its outputs is either empty or a
 // column sum over no rows, so zeros of the shape and dtype of `outputs` (the
 // reference's outputs, built but never run), with no reduction and no
 // dependence on the inputs (MLX's transforms then give zero derivatives,
-// which they are). MLX 0.32.4's CPU reductions can hang on such arrays
-// (`mx.sum(mx.zeros((8, 0)).T, axis=0)` never returns), and the reference's
-// derivatives are full of them.
+// which they are), on every stream. MLX 0.32.4's reductions fail on such
+// arrays: on the CPU some never return (`mx.sum(mx.zeros((8, 0)).T, axis=0)`),
+// on the GPU they, mx.fast's norms included, stop the process with SIGFPE
+// (both seen); the reference's derivatives are full of them.
 std::vector<mx::array> no_elements(const std::vector<mx::array>& outputs, mx::Stream s);
 
 // The dtypes our primitives (and so the kernels) take.
