@@ -154,10 +154,9 @@ def plugin_nodes(arrays, layer=False):
     """(forward, backward) plugin primitives in the graph that computes
     `arrays`; a fused add + norm counts as a norm."""
     counts = primitive_counts(*arrays)
-    if layer:
-        return counts["LayerNormPlugin"], counts["LayerNormPluginVJP"]
-    return (counts["RMSNormPlugin"] + counts["AddRMSNormPlugin"],
-            counts["RMSNormPluginVJP"] + counts["AddRMSNormPluginVJP"])
+    norm = "LayerNorm" if layer else "RMSNorm"
+    return (counts[f"{norm}Plugin"] + counts[f"Add{norm}Plugin"],
+            counts[f"{norm}PluginVJP"] + counts[f"Add{norm}PluginVJP"])
 
 
 def check_graph(model, plugin, n_norms, name="", fuse=False):
@@ -168,14 +167,15 @@ def check_graph(model, plugin, n_norms, name="", fuse=False):
     for key in EMBEDDING.get(name, ("model", "embed_tokens", "weight")):
         tree = tree[key]
     fwd, bwd = plugin_nodes([tree], layer=name in LAYER_NORM_MODELS)
-    if fuse and name not in LAYER_NORM_MODELS:
-        fused = primitive_counts(tree)["AddRMSNormPluginVJP"]
+    if fuse:
+        fused_vjp = "AddLayerNormPluginVJP" if name in LAYER_NORM_MODELS else "AddRMSNormPluginVJP"
+        fused = primitive_counts(tree)[fused_vjp]
         if fused < len(model.layers):
-            raise SystemExit(f"fuse round: {fused} AddRMSNormPluginVJP nodes, expected >= "
+            raise SystemExit(f"fuse round: {fused} {fused_vjp} nodes, expected >= "
                              f"{len(model.layers)} (one a layer)")
     if plugin and (fwd < n_norms or bwd < n_norms):
-        raise SystemExit(f"plugin round: {fwd} RMSNormPlugin and {bwd} RMSNormPluginVJP "
-                         f"nodes in the step's graph, expected >= {n_norms} each")
+        raise SystemExit(f"plugin round: {fwd} forward and {bwd} VJP plugin nodes in the "
+                         f"step's graph, expected >= {n_norms} each")
     if not plugin and (fwd or bwd):
         raise SystemExit(f"built-in round: {fwd + bwd} plugin nodes in the step's graph")
     return fwd, bwd
