@@ -47,7 +47,8 @@
 #                 and of both forwards through MLX (PROFILE_MLX_ONLY)
 #   decode        decode-step forwards under ncu (scripts/decode_kernels.py)
 #   calls         CUDA calls and kernel GPU time per eval (scripts/cuda_calls.py)
-#   host          host cost per call at decode shapes (scripts/host_overhead.py)
+#   host          host cost per call at decode shapes (scripts/host_overhead.py) and of a
+#                 decode step's graph with and without fuse (scripts/fuse_host_cost.py)
 #   minsize       host cost and generation, this build against one with nanobind's
 #                 -Os (no NOMINSIZE), alternating processes
 # Other GPU families on this GPU (rebuild the extension: run them last)
@@ -310,7 +311,9 @@ run_host() {
   ensure_built || return 1
   timeout "$(cap 60)" python3 scripts/host_overhead.py "${HOST_ARGS[@]}" 2>&1 \
     | tee "$OUT/host-overhead.txt" | grep -E "calls per eval|^fwd|^bwd"
-  return "${PIPESTATUS[0]}"
+  local rc=${PIPESTATUS[0]}
+  timeout "$(cap 90)" python3 scripts/fuse_host_cost.py 2>&1 | tee "$OUT/fuse-host-cost.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] && return $rc
 }
 
 run_minsize() {
