@@ -174,8 +174,9 @@ def check_graph(model, plugin, n_norms, name="", fuse=False):
             raise SystemExit(f"fuse round: {fused} {fused_vjp} nodes, expected >= "
                              f"{len(model.layers)} (one a layer)")
     if plugin and (fwd < n_norms or bwd < n_norms):
-        raise SystemExit(f"plugin round: {fwd} forward and {bwd} VJP plugin nodes in the "
-                         f"step's graph, expected >= {n_norms} each")
+        norm = "LayerNorm" if name in LAYER_NORM_MODELS else "RMSNorm"
+        raise SystemExit(f"plugin round: {fwd} {norm}Plugin and {bwd} {norm}PluginVJP nodes "
+                         f"(fused ones counted) in the step's graph, expected >= {n_norms} each")
     if not plugin and (fwd or bwd):
         raise SystemExit(f"built-in round: {fwd + bwd} plugin nodes in the step's graph")
     return fwd, bwd

@@ -20,23 +20,21 @@ std::vector<std::optional<mx::array>> add_layer_norm_vjp(
     const std::optional<mx::array>& bias, const mx::array& g_y, const mx::array& g_h, float eps,
     bool need_gw = true, bool need_gb = true, mx::StreamOrDevice s = {});
 
+// AddRMSNormVJP's node with LayerNorm's bias: inputs (h, [w], [b], g_y, g_h),
+// b only when gb is wanted (as in LayerNormVJP), outputs gx, then gw if
+// has_gw(), gb if need_gb(). Params: eps, has_weight, need_gw, has_bias =
+// need_gb.
+class AddLayerNormVJP : public NormPrimitive {
+  MLX_RMSNORM_NORM_PRIMITIVE(AddLayerNormVJP, "AddLayerNormPluginVJP", .tail_rows = 2)
+};
+
 namespace detail {
-// The AddLayerNormVJP node for inputs already in the kernels' dtypes: h (the
-// forward's second output), w, b (its dtype is gb's), g_y in y's dtype, g_h
-// in h's. Returns {gx, [gw], [gb]}.
+// That node for inputs already in the kernels' dtypes (b in gb's, g_y in y's,
+// g_h in h's).
 std::vector<mx::array> make_add_layer_vjp(const mx::array& h, const std::optional<mx::array>& w,
                                           const std::optional<mx::array>& b,
                                           const mx::array& g_y, const mx::array& g_h, float eps,
                                           bool need_gw, bool need_gb, mx::Stream s);
 }  // namespace detail
-
-// Inputs (h, [w], [b], g_y, g_h): b only when gb is wanted, as in
-// LayerNormVJP. Outputs gx, then gw if has_gw(), gb if need_gb(). The
-// forward's h is read instead of x and residual: one tensor, not two, and the
-// very values the norm saw. Params: eps, has_weight, need_gw, has_bias =
-// need_gb.
-class AddLayerNormVJP : public NormPrimitive {
-  MLX_RMSNORM_NORM_PRIMITIVE(AddLayerNormVJP, "AddLayerNormPluginVJP", .tail_rows = 2)
-};
 
 }  // namespace mlx_rmsnorm
