@@ -96,6 +96,7 @@ NN_RMS_NORM = frozenset({"458fba10719b034e"})
 GPT2_BLOCK = frozenset({"ad7794027e40e7ac"})
 GPT_NEOX_BLOCK = frozenset({"04496daf9381860c"})
 STABLELM_BLOCK = frozenset({"f98fb62bffed37a8"})
+PHIMOE_BLOCK = frozenset({"a02c52429d3d3a22"})  # llama's names, a MoE for the MLP, keywords
 NN_LAYER_NORM = frozenset({"5dec28490c3dd28c"})
 
 
@@ -232,15 +233,17 @@ def _gemma2_block(mod: Any, original: Callable, state: _Installed, cls: type) ->
 
 
 def _layer_norm_block(attn: str, ln1: str, ln2: str, parallel: bool = False,
-                      defaults: bool = True) -> Callable:
-    """gpt2 / gpt_bigcode / starcoder2 / gpt_neox / stablelm: ``h = x +
+                      defaults: bool = True, mlp: str = "mlp", keywords: bool = False) -> Callable:
+    """gpt2 / gpt_bigcode / starcoder2 / gpt_neox / stablelm / phimoe: ``h = x +
     attn(ln1(x), mask, cache)`` then ``ln2(h)``, an ``nn.LayerNorm``; the rewrite
     runs ``y, h = add_layer_norm(x, r, ln2.weight, ln2.bias, ln2.eps)`` (weight
     and bias where the norm has them, as nn.LayerNorm passes them) and returns
     ``h + mlp(y)``. ``parallel``: the block has ``use_parallel_residual``
     (gpt_neox, stablelm), and where it is true the original runs (its norms
     read x: no add feeds a norm). ``defaults``: mask and cache default to
-    None, as in the original's signature (stablelm's has no defaults)."""
+    None, as in the original's signature (stablelm's has no defaults).
+    ``keywords``: the original passes mask= and cache= by name (phimoe), and
+    so does the rewrite."""
 
     def make(mod: Any, original: Callable, state: _Installed, cls: type) -> Callable:
         def fused(self, x, mask, cache):
@@ -255,10 +258,13 @@ def _layer_norm_block(attn: str, ln1: str, ln2: str, parallel: bool = False,
                 _fallback(why)
                 return original(self, x, mask, cache)
             _counts["fused"] += 1
-            r = getattr(self, attn)(getattr(self, ln1)(x), mask, cache)
+            if keywords:
+                r = getattr(self, attn)(getattr(self, ln1)(x), mask=mask, cache=cache)
+            else:
+                r = getattr(self, attn)(getattr(self, ln1)(x), mask, cache)
             y, h = _ext.add_layer_norm(x, r, norm.weight if "weight" in norm else None,
                                        norm.bias if "bias" in norm else None, norm.eps)
-            return h + self.mlp(y)
+            return h + getattr(self, mlp)(y)
 
         if defaults:
 
@@ -310,7 +316,7 @@ _LLAMA_NAMES = ("self_attn", "input_layernorm", "post_attention_layernorm")
 # this add-then-norm with nn.LayerNorm): phi, phixtral, cohere, cohere2, gptj
 # (parallel attention and MLP), nemotron (LayerNorm1P, a subclass with its own
 # __call__); olmo and dbrx (an add feeds a LayerNorm, in other block shapes)
-# and phimoe (a MoE, keyword mask= / cache=) are not written yet; phi3small's
+# are not written yet; phi3small's
 # block is starcoder2's text, but its forward crashes MLX 0.32.4's CPU build,
 # so it is left out untested.
 ARCHITECTURES: dict[str, list[Swap]] = {
@@ -329,6 +335,8 @@ ARCHITECTURES: dict[str, list[Swap]] = {
                        GPT_NEOX_BLOCK),
     "stablelm": _layer("stablelm", _layer_norm_block(*_LLAMA_NAMES, parallel=True, defaults=False),
                        STABLELM_BLOCK, "DecoderLayer"),
+    "phimoe": _layer("phimoe", _layer_norm_block(*_LLAMA_NAMES, mlp="block_sparse_moe", keywords=True),
+                     PHIMOE_BLOCK, "PhiMoEDecoderLayer"),
 }
 
 

@@ -53,7 +53,7 @@ def _restore():
 def test_fused_architectures_lists_the_entries():
     assert mlx_rmsnorm.fused_architectures() == sorted(
         ["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
-         "gpt2", "gpt_bigcode", "starcoder2", "gpt_neox", "stablelm"])
+         "gpt2", "gpt_bigcode", "starcoder2", "gpt_neox", "stablelm", "phimoe"])
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

@@ -23,7 +23,7 @@ from mlx_lm.tuner.trainer import grad_checkpoint  # noqa: E402
 from tiny_models import CONFIGS, LAYER_NORM, NORMS, VOCAB, embed, loss_and_grads, make, tokens  # noqa: E402
 
 FUSED = ["llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
-         "gpt2", "gpt_bigcode", "starcoder2", "gpt_neox", "stablelm"]
+         "gpt2", "gpt_bigcode", "starcoder2", "gpt_neox", "stablelm", "phimoe"]
 # (model, block class) for the class-level cases: an RMSNorm block, a
 # LayerNorm one, and stablelm's (mask and cache without defaults)
 BLOCKS = [("llama", llama.TransformerBlock), ("gpt2", gpt2.TransformerBlock),

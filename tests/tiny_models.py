@@ -4,8 +4,8 @@
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models import (gemma, gemma2, gemma3_text, gpt2, gpt_bigcode, gpt_neox, llama, qwen3, qwen3_moe,
-                            stablelm, starcoder2)
+from mlx_lm.models import (gemma, gemma2, gemma3_text, gpt2, gpt_bigcode, gpt_neox, llama, phimoe, qwen3,
+                            qwen3_moe, stablelm, starcoder2)
 
 VOCAB = 97
 COMMON = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
@@ -37,6 +37,10 @@ CONFIGS = {
     "stablelm": (stablelm, dict(COMMON, model_type="stablelm", rope_theta=10000.0, use_qkv_bias=False,
                                 partial_rotary_factor=0.25, layer_norm_eps=1e-5,
                                 use_parallel_residual=False)),
+    "phimoe": (phimoe, dict(COMMON, model_type="phimoe", max_position_embeddings=128,
+                            original_max_position_embeddings=64, num_local_experts=4,
+                            num_experts_per_tok=2, rope_scaling=dict(short_factor=[1.0] * 8,
+                            long_factor=[1.0] * 8, short_mscale=1.0, long_mscale=1.0))),
 }
 # The same with use_parallel_residual=True: no add feeds a norm, the original
 # block runs (fallback "parallel residual"); not in CONFIGS.
@@ -44,7 +48,7 @@ PARALLEL = {
     "gpt_neox_parallel": (gpt_neox, dict(CONFIGS["gpt_neox"][1], use_parallel_residual=True)),
     "stablelm_parallel": (stablelm, dict(CONFIGS["stablelm"][1], use_parallel_residual=True)),
 }
-LAYER_NORM = {"gpt2", "gpt_bigcode", "starcoder2", "gpt_neox", "stablelm"}
+LAYER_NORM = {"gpt2", "gpt_bigcode", "starcoder2", "gpt_neox", "stablelm", "phimoe"}
 # The norm each block fuses, and the one it leaves to the model's loop
 # (attribute names on the block).
 NORMS = {name: ("ln_2", "ln_1") if name in ("gpt2", "gpt_bigcode") else
