@@ -18,7 +18,9 @@
 #   cli           standalone kernels (cuda/, no MLX): rmsnorm_backward at three shapes
 #   tune          the backward and forward tuners (cuda/cli)
 # Tests
-#   tests         GPU-marked tests, not bigmem (-n 8 --dist loadgroup); TESTS=paths
+#   tests         GPU-marked tests, not bigmem (-n 8 --dist loadgroup), then the modules
+#                 that run on the default device (the fuse and patch tests); TESTS=paths:
+#                 the GPU-marked tests of those paths only
 #   suite         the whole suite, not bigmem (what CI runs, plus the GPU tests)
 #   bigmem        the bigmem tests, alone on the GPU
 #   sanitize      compute-sanitizer over scripts/sanitize_cases.py (SANITIZE_TOOLS,
@@ -152,7 +154,17 @@ run_tune() {
   return "${PIPESTATUS[0]}"
 }
 
-run_tests() { pytest_run tests.log 300 $XDIST -m "gpu and not bigmem" $(test_paths); }
+# Modules that run on the default device (the GPU there) instead of through
+# the `device` fixture carry no gpu marker: the tests step runs them too.
+DEFAULT_DEVICE_TESTS="test_fuse.py test_fuse_safety.py test_patch.py test_mlx_lm.py test_export.py
+  test_architectures.py test_suite_safety.py"
+run_tests() {
+  pytest_run tests.log 300 $XDIST -m "gpu and not bigmem" $(test_paths)
+  local rc=$?
+  [ -n "${TESTS:-}" ] && return $rc
+  pytest_run tests-default-device.log 200 $XDIST -m "not bigmem" \
+    $(for f in $DEFAULT_DEVICE_TESTS; do echo "$ROOT/tests/$f"; done) && return $rc
+}
 run_suite() { pytest_run suite.log 500 $XDIST -m "not bigmem" $(test_paths); }
 run_bigmem() { pytest_run bigmem.log 300 -m bigmem $(test_paths); }
 
