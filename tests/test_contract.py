@@ -481,8 +481,9 @@ def check(op, shape, x_dtype, w_dtype, transforms, shapes=None):
     # MLX 0.32.4's reductions fail on arrays of no elements: on the CPU some
     # never return (`mx.sum(mx.zeros((8, 0)).T, axis=0)`; its LayerNorm
     # backward hung in about every other process), on the GPU they stop the
-    # process (SIGFPE), so the built-in does not run on them: ours is held to the reference's values and shapes, and to
-    # the dtypes the built-in gives where every empty dimension is 1.
+    # process (SIGFPE), so the built-in does not run on them: ours is held to
+    # the reference's values and shapes, and to the dtypes the built-in gives
+    # where every empty dimension is 1.
     empty = case.args[0].size == 0
     problems = []
     filled = Case(op, tuple(d or 1 for d in shape), x_dtype, w_dtype, shapes) if empty else case
