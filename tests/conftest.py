@@ -91,8 +91,20 @@ def _give_gpu_memory_back_under_xdist(request):
         mlx_rmsnorm.trim_device_memory()
 
 
-def to_numpy(a: mx.array) -> np.ndarray:
+def to_numpy(a) -> np.ndarray:
+    """float64 values of an MLX array (through float32) or of a NumPy one."""
+    if isinstance(a, np.ndarray):
+        return a.astype(np.float64)
     return np.array(a.astype(mx.float32), dtype=np.float64)
+
+
+def of_dtype(rng, name, shape):
+    """An array of MLX dtype `name` (integers in [-3, 3], bools, or normal
+    floats), made on the CPU stream."""
+    vals = rng.integers(-3, 4, shape) if name.startswith("int") else rng.standard_normal(shape)
+    if name == "bool_":
+        vals = rng.integers(0, 2, shape).astype(bool)
+    return mx.array(vals).astype(getattr(mx, name), stream=mx.cpu)
 
 
 def random(shape, dtype, seed, scale=1.0, offset=0.0):
@@ -118,6 +130,37 @@ def ref_backward(x, w, g, eps):
     if w is not None:
         gw = (gd * xd * r).reshape(-1, n).sum(axis=0)
     return gx, gw
+
+
+# LayerNorm's weight and bias combinations: (with weight, with bias)
+LN_COMBOS = [(True, True), (True, False), (False, True), (False, False)]
+LN_COMBO_IDS = ["w+b", "w", "b", "none"]
+
+
+def layer_ref_forward(x, w, b, eps):
+    """float64 LayerNorm of x (MLX or NumPy values)."""
+    xd = to_numpy(x)
+    d = xd - xd.mean(axis=-1, keepdims=True)
+    y = d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + eps)
+    if w is not None:
+        y = y * to_numpy(w)
+    if b is not None:
+        y = y + to_numpy(b)
+    return y
+
+
+def layer_ref_backward(x, w, g, eps):
+    """float64 (gx, gw, gb) of LayerNorm against cotangent g."""
+    xd, gd = to_numpy(x), to_numpy(g)
+    n = xd.shape[-1]
+    d = xd - xd.mean(axis=-1, keepdims=True)
+    r = 1.0 / np.sqrt((d * d).mean(axis=-1, keepdims=True) + eps)
+    xh = d * r
+    v = gd * to_numpy(w) if w is not None else gd
+    gx = r * (v - v.mean(axis=-1, keepdims=True) - xh * (v * xh).mean(axis=-1, keepdims=True))
+    gw = (gd * xh).reshape(-1, n).sum(axis=0)
+    gb = gd.reshape(-1, n).sum(axis=0)
+    return gx, gw, gb
 
 
 def gx_scale(x, w, g, eps) -> float:

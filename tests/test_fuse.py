@@ -21,7 +21,7 @@ from mlx_rmsnorm._autopatch import primitive_counts
 
 pytest.importorskip("mlx_lm.models")
 from tiny_models import (CONFIGS, LAYER_NORM, PARALLEL, VOCAB, fused_node, loss_and_grads,  # noqa: E402
-                         make, tokens)
+                         make, patched_and_fused, tokens)
 
 def train(name, steps=4):
     model = make(name)
@@ -115,12 +115,8 @@ def test_layer_norm_blocks_same_gradients(name):
 def test_parallel_residual_runs_the_original(name):
     model = make(name)
     x, _ = tokens()
-    with mlx_rmsnorm.patched():
-        want = model(x)
-        mx.eval(want)
-    with mlx_rmsnorm.patched(fuse=True):
-        got = model(x)
-        assert "AddLayerNormPlugin" not in graph_text(got)
+    want, got = patched_and_fused(model, x)
+    assert "AddLayerNormPlugin" not in graph_text(got)
     assert mx.array_equal(got, want)  # the same code as under patch()
     assert _fuse.counts() == {"fallback:parallel residual": len(model.layers)}
 
@@ -212,13 +208,9 @@ def test_unsupported_architecture_runs_as_under_patch():
     mx.random.seed(0)
     model = phi3.Model(args)
     x, _ = tokens()
-    with mlx_rmsnorm.patched():
-        want = model(x)
-        mx.eval(want)
-    with mlx_rmsnorm.patched(fuse=True):
-        got = model(x)
-        assert "AddRMSNormPlugin" not in graph_text(got)
-        assert "RMSNormPlugin" in graph_text(got)
+    want, got = patched_and_fused(model, x)
+    assert "AddRMSNormPlugin" not in graph_text(got)
+    assert "RMSNormPlugin" in graph_text(got)
     assert mx.array_equal(got, want)
 
 

@@ -5,6 +5,7 @@ computes what the built-in computes (to rounding) or fails with a message
 that names the plugin; the report says which blocks ran fused and why the
 others did not."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -20,7 +21,8 @@ from mlx_rmsnorm import _fuse
 pytest.importorskip("mlx_lm.models")
 from mlx_lm.models import gemma, gemma2, gemma3_text, gpt2, llama, stablelm  # noqa: E402
 from mlx_lm.tuner.trainer import grad_checkpoint  # noqa: E402
-from tiny_models import CONFIGS, LAYER_NORM, NORMS, VOCAB, embed, loss_and_grads, make, tokens  # noqa: E402
+from tiny_models import (CONFIGS, LAYER_NORM, NORMS, VOCAB, embed, loss_and_grads, make,  # noqa: E402
+                         patched_and_fused, tokens)
 
 FUSED = ["llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
          "gpt2", "gpt_bigcode", "starcoder2", "gpt_neox", "stablelm", "phimoe"]
@@ -225,14 +227,26 @@ def test_class_wrapper_installed_after_patch_runs_and_survives_unpatch(name, cls
     assert cls.__dict__["__call__"].__module__ == cls.__module__
 
 
+@contextlib.contextmanager
+def class_call_restored(cls):
+    """On exit: unpatch(), forget the rewrite recorded for cls.__call__, and
+    put back the __call__ cls has now (tests that wrap a block class)."""
+    pristine = cls.__dict__["__call__"]
+    try:
+        yield
+    finally:
+        mlx_rmsnorm.unpatch()
+        _fuse._installed.pop((cls.__module__, cls.__name__, "__call__"), None)
+        cls.__call__ = pristine
+
+
 @pytest.mark.parametrize("name", ["qwen3", "gpt2", "stablelm"])
 @pytest.mark.parametrize("order", ["checkpoint-first", "patch-first"])
-def test_grad_checkpoint_keeps_checkpointing(order, name):
+def test_grad_checkpoint_keeps_checkpointing(order, name, monkeypatch):
     model = make(name)
     x, y = tokens()
     want_loss, want = loss_and_grads(model, x, y)
     cls = type(model.layers[0])
-    pristine = cls.__dict__["__call__"]
     calls = []
     real_checkpoint = mx.checkpoint
 
@@ -240,8 +254,8 @@ def test_grad_checkpoint_keeps_checkpointing(order, name):
         calls.append(1)
         return real_checkpoint(fn)
 
-    try:
-        mx.checkpoint = counting_checkpoint
+    monkeypatch.setattr(mx, "checkpoint", counting_checkpoint)
+    with class_call_restored(cls):
         if order == "checkpoint-first":
             grad_checkpoint(model.layers[0])
             mlx_rmsnorm.patch(fuse=True)
@@ -263,11 +277,6 @@ def test_grad_checkpoint_keeps_checkpointing(order, name):
         calls.clear()
         loss_and_grads(model, x, y)
         assert len(calls) == len(model.layers)
-    finally:
-        mx.checkpoint = real_checkpoint
-        mlx_rmsnorm.unpatch()
-        _fuse._installed.pop((cls.__module__, cls.__name__, "__call__"), None)
-        cls.__call__ = pristine
 
 
 def _step_peak_mib(model, x, y):
@@ -288,9 +297,7 @@ def test_grad_checkpoint_with_fuse_saves_the_memory_it_saves_unfused(name):
     model = make(name)
     t = mx.random.randint(0, VOCAB, (4, 129), key=mx.random.key(1))
     x, y = t[:, :-1], t[:, 1:]
-    cls = type(model.layers[0])
-    pristine = cls.__dict__["__call__"]
-    try:
+    with class_call_restored(type(model.layers[0])):
         mlx_rmsnorm.patch(fuse=True)
         fused = _step_peak_mib(model, x, y)
         grad_checkpoint(model.layers[0])
@@ -299,10 +306,6 @@ def test_grad_checkpoint_with_fuse_saves_the_memory_it_saves_unfused(name):
         mlx_rmsnorm.unpatch()
         mlx_rmsnorm.patch()
         checkpointed = _step_peak_mib(model, x, y)
-    finally:
-        mlx_rmsnorm.unpatch()
-        _fuse._installed.pop((cls.__module__, cls.__name__, "__call__"), None)
-        cls.__call__ = pristine
     assert fused_checkpointed <= 1.05 * checkpointed, (fused_checkpointed, checkpointed)
     assert fused_checkpointed <= 0.95 * fused, (fused_checkpointed, fused)
 
@@ -387,11 +390,7 @@ def test_gemma_norm_subclass_without_own_call_runs_the_original():
 def test_float16_gemma3_keeps_clip_residual():
     model = make("gemma3_text", mx.float16)
     x, _ = tokens()
-    with mlx_rmsnorm.patched():
-        want = model(x)
-        mx.eval(want)
-    with mlx_rmsnorm.patched(fuse=True):
-        got = model(x)
+    want, got = patched_and_fused(model, x)
     # the blocks run their own code; the norms form 1 + w in fp32, not float16
     assert close(got.astype(mx.float32), want.astype(mx.float32), 2e-2)
     assert _fuse.counts()["fallback:float16 (clip_residual)"] == 2

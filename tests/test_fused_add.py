@@ -6,7 +6,7 @@ odd shapes, strided inputs, transforms, export, determinism; Gemma's 1 + w."""
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import DTYPES, TOL, graph_text, random, rel_err, to_numpy
+from conftest import DTYPES, TOL, graph_text, of_dtype, random, rel_err, to_numpy
 
 import mlx_rmsnorm
 
@@ -234,15 +234,8 @@ def test_every_dtype_rms_norm_accepts(x_dtype, r_dtype, w_dtype):
     # as the composition x + residual, then rms_norm: integer and bool inputs
     # are added by MLX and cast by the norm; float64 runs in float64 (CPU)
     rng = np.random.default_rng(70)
-
-    def make(name, shape):
-        vals = rng.integers(-3, 4, shape) if name.startswith("int") else rng.standard_normal(shape)
-        if name == "bool_":
-            vals = rng.integers(0, 2, shape).astype(bool)
-        return mx.array(vals).astype(getattr(mx, name), stream=mx.cpu)
-
-    x, r = make(x_dtype, (3, 40)), make(r_dtype, (3, 40))
-    w = make(w_dtype, (40,)) if w_dtype else None
+    x, r = of_dtype(rng, x_dtype, (3, 40)), of_dtype(rng, r_dtype, (3, 40))
+    w = of_dtype(rng, w_dtype, (40,)) if w_dtype else None
     with mx.stream(mx.cpu):
         y, h = mlx_rmsnorm.add_rms_norm(x, r, w, EPS, stream=mx.cpu)
         want_h = x + r

@@ -14,39 +14,14 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from conftest import DEVICES, GPU_AVAILABLE, TOL, graph_text, random, rel_err, to_numpy
+from conftest import LN_COMBO_IDS as COMBO_IDS, LN_COMBOS as COMBOS
+from conftest import layer_ref_backward as ref_backward, layer_ref_forward as ref_forward
 
 import mlx_rmsnorm
 from mlx_rmsnorm import _patching
 
 EPS = 1e-5
 BUILTIN = _patching.BUILTIN_LAYER_NORM  # MLX's own, even while patched
-COMBOS = [(True, True), (True, False), (False, True), (False, False)]
-COMBO_IDS = ["w+b", "w", "b", "none"]
-
-
-def ref_forward(x, w, b, eps):
-    xd = to_numpy(x)
-    mu = xd.mean(axis=-1, keepdims=True)
-    d = xd - mu
-    y = d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + eps)
-    if w is not None:
-        y = y * to_numpy(w)
-    if b is not None:
-        y = y + to_numpy(b)
-    return y
-
-
-def ref_backward(x, w, g, eps):
-    xd, gd = to_numpy(x), to_numpy(g)
-    n = xd.shape[-1]
-    d = xd - xd.mean(axis=-1, keepdims=True)
-    r = 1.0 / np.sqrt((d * d).mean(axis=-1, keepdims=True) + eps)
-    xh = d * r
-    v = gd * to_numpy(w) if w is not None else gd
-    gx = r * (v - v.mean(axis=-1, keepdims=True) - xh * (v * xh).mean(axis=-1, keepdims=True))
-    gw = (gd * xh).reshape(-1, n).sum(axis=0)
-    gb = gd.reshape(-1, n).sum(axis=0)
-    return gx, gw, gb
 
 
 def make(shape, dtype, with_w, with_b, seed=0, wdtype=None):

@@ -7,6 +7,8 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import (gemma, gemma2, gemma3_text, gpt2, gpt_bigcode, gpt_neox, llama, phimoe, qwen3,
                             qwen3_moe, stablelm, starcoder2)
 
+import mlx_rmsnorm
+
 VOCAB = 97
 COMMON = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
               num_key_value_heads=2, vocab_size=VOCAB)
@@ -105,3 +107,14 @@ def loss_and_grads(model, x, y):
     loss, grads = nn.value_and_grad(model, loss_fn)(model, x, y)
     mx.eval(loss, grads)
     return loss, dict(tree_flatten(grads))
+
+
+def patched_and_fused(model, x):
+    """(want, got): model(x) under patch(), evaluated, and under
+    patch(fuse=True), as built (the graph holds what ran)."""
+    with mlx_rmsnorm.patched():
+        want = model(x)
+        mx.eval(want)
+    with mlx_rmsnorm.patched(fuse=True):
+        got = model(x)
+    return want, got
