@@ -166,15 +166,15 @@ def check_graph(model, plugin, n_norms, name="", fuse=False):
     tree = model.parameters()
     for key in EMBEDDING.get(name, ("model", "embed_tokens", "weight")):
         tree = tree[key]
-    fwd, bwd = plugin_nodes([tree], layer=name in LAYER_NORM_MODELS)
+    layer = name in LAYER_NORM_MODELS
+    norm = "LayerNorm" if layer else "RMSNorm"
+    fwd, bwd = plugin_nodes([tree], layer)
     if fuse:
-        fused_vjp = "AddLayerNormPluginVJP" if name in LAYER_NORM_MODELS else "AddRMSNormPluginVJP"
-        fused = primitive_counts(tree)[fused_vjp]
+        fused = primitive_counts(tree)[f"Add{norm}PluginVJP"]
         if fused < len(model.layers):
-            raise SystemExit(f"fuse round: {fused} {fused_vjp} nodes, expected >= "
+            raise SystemExit(f"fuse round: {fused} Add{norm}PluginVJP nodes, expected >= "
                              f"{len(model.layers)} (one a layer)")
     if plugin and (fwd < n_norms or bwd < n_norms):
-        norm = "LayerNorm" if name in LAYER_NORM_MODELS else "RMSNorm"
         raise SystemExit(f"plugin round: {fwd} {norm}Plugin and {bwd} {norm}PluginVJP nodes "
                          f"(fused ones counted) in the step's graph, expected >= {n_norms} each")
     if not plugin and (fwd or bwd):

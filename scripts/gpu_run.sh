@@ -159,11 +159,13 @@ run_tune() {
 DEFAULT_DEVICE_TESTS="test_fuse.py test_fuse_safety.py test_patch.py test_mlx_lm.py test_export.py
   test_architectures.py test_suite_safety.py"
 run_tests() {
-  pytest_run tests.log 300 $XDIST -m "gpu and not bigmem" $(test_paths)
-  local rc=$?
-  [ -n "${TESTS:-}" ] && return $rc
-  pytest_run tests-default-device.log 200 $XDIST -m "not bigmem" \
-    $(for f in $DEFAULT_DEVICE_TESTS; do echo "$ROOT/tests/$f"; done) && return $rc
+  local f rc=0
+  pytest_run tests.log 300 $XDIST -m "gpu and not bigmem" $(test_paths) || rc=1
+  if [ -z "${TESTS:-}" ]; then
+    pytest_run tests-default-device.log 200 $XDIST -m "not bigmem" \
+      $(for f in $DEFAULT_DEVICE_TESTS; do echo "$ROOT/tests/$f"; done) || rc=1
+  fi
+  return $rc
 }
 run_suite() { pytest_run suite.log 500 $XDIST -m "not bigmem" $(test_paths); }
 run_bigmem() { pytest_run bigmem.log 300 -m bigmem $(test_paths); }
@@ -325,7 +327,8 @@ run_host() {
     | tee "$OUT/host-overhead.txt" | grep -E "calls per eval|^fwd|^bwd"
   local rc=${PIPESTATUS[0]}
   timeout "$(cap 90)" python3 scripts/fuse_host_cost.py 2>&1 | tee "$OUT/fuse-host-cost.txt"
-  [ "${PIPESTATUS[0]}" -eq 0 ] && return $rc
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  return $rc
 }
 
 run_minsize() {
