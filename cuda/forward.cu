@@ -33,11 +33,12 @@ const void* rows_kernel(int row, std::index_sequence<I...>) {
 }
 
 // The one-wave rows (plans::kForwardOneWave): w read beside x, in registers.
-template <typename X, typename O, std::size_t... I>
+template <typename X, typename O, bool ADD, std::size_t... I>
 const void* one_wave_kernel(int row, std::index_sequence<I...>) {
   static const void* const kernels[] = {reinterpret_cast<const void*>(
       &fwd_rows<X, O, kForwardOneWave[I].block, kForwardOneWave[I].group,
-                kForwardOneWave[I].chunks, 1, true, RmsRow>)...};
+                kForwardOneWave[I].chunks, 1, true,
+                std::conditional_t<ADD, AddRmsRow, RmsRow>>)...};
   return kernels[row];
 }
 
@@ -71,15 +72,17 @@ Plan plan_forward(const FwdArgs& a) {
     if (vec != full) return looped(std::integral_constant<int, 1>{});
     // A call of at most one wave of steps (decode: 1-64 rows) is one row's
     // latency long: the one-wave table's rows (plans.h), each a block no
-    // more than one vector deep. (The fused add keeps the many-row table:
-    // not measured with the one-wave rows.)
+    // more than one vector deep. The fused add takes them too (a decode
+    // step's add + norm after attention): its residual is one more load
+    // beside x, in flight at the same time.
     const int wave_row = detail::table_row(kForwardOneWave, a.n / full);
-    if (!add && wave_row >= 0) {
+    if (wave_row >= 0) {
       const auto& cfg = kForwardOneWave[wave_row];
       const int64_t steps = detail::ceil_div(a.rows, cfg.block / cfg.group);
       if (steps <= detail::sm_count()) {
-        const void* fn = one_wave_kernel<X, O>(
-            wave_row, std::make_index_sequence<std::size(kForwardOneWave)>{});
+        constexpr auto rows = std::make_index_sequence<std::size(kForwardOneWave)>{};
+        const void* fn = add ? one_wave_kernel<X, O, true>(wave_row, rows)
+                             : one_wave_kernel<X, O, false>(wave_row, rows);
         p.calls.push_back(detail::make_call(fn, dim3(steps), dim3(cfg.block), 0,
                                             "fwd_rows_one_wave"));
         return;

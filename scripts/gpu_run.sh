@@ -47,6 +47,8 @@
 #   ncu           kernels alone under Nsight Compute: the seed shape and training shapes
 #   profile       Nsight Compute sections of the persistent backward (standalone)
 #                 and of both forwards through MLX (PROFILE_MLX_ONLY)
+#   profile-ln    Nsight Compute sections of LayerNorm's kernels beside our
+#                 RMSNorm's at the same shapes (forward and backward, through MLX)
 #   decode        decode-step forwards under ncu (scripts/decode_kernels.py)
 #   calls         CUDA calls and kernel GPU time per eval (scripts/cuda_calls.py)
 #   host          host cost per call at decode shapes (scripts/host_overhead.py) and of a
@@ -68,7 +70,7 @@ export PYTHONUNBUFFERED=1
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(build tests)
 KNOWN=" build cli tune tests suite bigmem sanitize memory sweep train transformer trainstep generate bench
-  bench-training bench-table bench-fused bench-ln fused layernorm ncu profile decode calls host minsize ptx mismatch "
+  bench-training bench-table bench-fused bench-ln fused layernorm ncu profile profile-ln decode calls host minsize ptx mismatch "
 for s in "${STEPS[@]}"; do
   [[ "$KNOWN" == *" $s "* ]] || { echo "unknown step '$s'; steps:$KNOWN" | tr -s ' \n' ' '; echo; exit 2; }
 done
@@ -304,6 +306,28 @@ run_profile() {
     done >>"$OUT/profile.log" 2>&1
   fi
   grep -E "^#####|bwd_persistent|fwd_rows|rms_norm|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Memory Throughput|Stall|Warp Cycles Per Issued" "$OUT/profile.log" | head -150
+}
+
+run_profile_ln() {
+  ensure_built || return 1
+  local sections="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats"
+  local case
+  : >"$OUT/profile-ln.log"
+  for case in ${PROFILE_LN_CASES:-fwd:32768:1280 fwd:16384:2048 fwd:16384:8192 bwd:8192:2048 bwd:4096:8192}; do
+    IFS=: read -r dir m n <<<"$case"
+    # the second and third call's kernels (the first warms up): forward, or
+    # the backward's walk and column sum
+    local kernels="fwd_rows" skip=1 count=2
+    [ "$dir" = bwd ] && kernels="bwd_|colsum" skip=2 count=2
+    for op in layer rms; do
+      echo "##### $op $dir ${m}x$n"
+      timeout "$(cap 60)" ncu --clock-control none $sections -k regex:"$kernels" --launch-skip $skip \
+        --launch-count $count python3 scripts/profile_case.py "$dir" ours "$m" "$n" "$op" 2>&1 \
+        | grep -v "^==PROF==" | grep -vi "^  *-\+ *$"
+    done
+  done >>"$OUT/profile-ln.log" 2>&1
+  grep -E "^#####|fwd_rows|bwd_|colsum|Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit Registers|Warp Cycles Per Issued|Stall" \
+    "$OUT/profile-ln.log" | head -200
 }
 
 run_decode() {

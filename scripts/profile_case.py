@@ -1,8 +1,9 @@
-"""Runs one RMSNorm direction a few times (bf16, with a weight) so that a
-profiler can catch its kernels:
+"""Runs one norm direction a few times (bf16, with a weight; LayerNorm with a
+bias too) so that a profiler can catch its kernels:
 
-    ncu ... python3 scripts/profile_case.py {fwd,bwd} {ours,builtin} M N
-Run under ncu by scripts/gpu_run.sh (step profile).
+    ncu ... python3 scripts/profile_case.py {fwd,bwd} {ours,builtin} M N [rms|layer]
+
+Run under ncu by scripts/gpu_run.sh (steps profile and profile-ln).
 """
 
 import sys
@@ -13,13 +14,21 @@ import mlx_rmsnorm
 
 direction, impl = sys.argv[1:3]
 m, n = (int(v) for v in sys.argv[3:5])
+op = sys.argv[5] if len(sys.argv) > 5 else "rms"
 x = mx.random.normal((m, n)).astype(mx.bfloat16)
 w = mx.random.normal((n,)).astype(mx.bfloat16)
+b = mx.random.normal((n,)).astype(mx.bfloat16)
 g = mx.random.normal((m, n)).astype(mx.bfloat16)
-mx.eval(x, w, g)
-norm = mlx_rmsnorm.rms_norm if impl == "ours" else mx.fast.rms_norm
+mx.eval(x, w, b, g)
+if op == "rms":
+    norm = mlx_rmsnorm.rms_norm if impl == "ours" else mx.fast.rms_norm
+    params = [w]
+else:
+    layer = mlx_rmsnorm.layer_norm if impl == "ours" else mx.fast.layer_norm
+    norm = lambda x, w, b, eps: layer(x, w, b, eps)  # noqa: E731
+    params = [w, b]
 for _ in range(3):
     if direction == "fwd":
-        mx.eval(norm(x, w, 1e-5))
+        mx.eval(norm(x, *params, 1e-5))
     else:
-        mx.eval(mx.vjp(lambda x, w: norm(x, w, 1e-5), [x, w], [g])[1])
+        mx.eval(mx.vjp(lambda x, *p: norm(x, *p, 1e-5), [x, *params], [g])[1])
