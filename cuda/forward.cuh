@@ -25,9 +25,22 @@ namespace rmsnorm {
 // registers (RmsRow: sum x^2; LayerRow: sum d and sum d^2 of d = x - shift,
 // one reduction) and the output formula; with Row::kBias, b is read beside w
 // (absent: 0).
+//
+// W_AS_X (a block per step only; the planner checks that w and b, both
+// given, have x's dtype and 16-byte aligned bases): w and b are read as
+// x-typed vectors and widened where y uses them. The general read widens
+// them to fp32 as they arrive, and since every chunk's reads are issued
+// before the first is used, a thread then holds CHUNKS * VEC fp32 of each
+// (the fp32 weight's case sets the registers of all dtypes). LayerNorm's
+// rows lost occupancy to exactly that: 64 registers against RMSNorm's 40 at
+// 128 x 2 (ncu 32768x1280: 50% theoretical occupancy, 43% of DRAM peak,
+// against 75% and 65%), 78 against 63 at 256 x 4 (docs/NOTES.md). With
+// W_AS_X: 55 and 64 (ptxas, sm_90, bf16); a branch for an absent b cost 13
+// of them back at 256 x 4, so a LayerNorm without bias keeps the general read.
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT, typename Row>
+          bool PERSISTENT, typename Row, bool W_AS_X = false>
 __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
+  static_assert(!(W_AS_X && PERSISTENT), "the persistent rows keep fp32 w in registers");
   static_assert(STAGES == 1 || STAGES == 2, "one row, or one more loading");
   // Extra streams (AddRmsRow): the residual is loaded beside x, the row
   // value row_in(x, residual) replaces x in registers, and it is written to
@@ -43,10 +56,13 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   using OV = Vec<O, VEC>;
   // Row::kShift: the shift is the mean of the row's first vector. A group
   // within a warp has it in its lane 0 (chunk 0); a row over several warps
-  // loads it beside the chunks, one more 16-byte load a thread of the line
-  // that thread 0 loads anyway (L1/L2, no DRAM bytes), held in slot CHUNKS.
-  constexpr int kFirst = Row::kShift && GROUP > 32 ? 1 : 0;
-  constexpr int SLOTS = CHUNKS + kFirst;
+  // reads it again when the row is reduced (kFirst): one more 16-byte load a
+  // thread, of the line the row's lane 0 has loaded (an L1 hit, no DRAM
+  // bytes). Held in registers from the row's loads on instead, as it once
+  // was, it cost 8 registers a thread (ptxas, sm_90, bf16 LayerNorm rows
+  // 128 x 2: 55 -> 47, 256 x 4: 64 -> 63, 70 -> 63 with the general read of
+  // w and b), and registers set these rows' occupancy.
+  constexpr bool kFirst = Row::kShift && GROUP > 32;
   __shared__ float2 red[32];
   const int n = a.n;
   const int nvec = n / VEC;
@@ -56,19 +72,10 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   const int64_t first = (int64_t)blockIdx.x * ROWS;
   const bool w_aligned = aligned16(a.w);
 
-  auto load = [&](XV (&xv)[SLOTS], int64_t base) {
+  auto load = [&](XV (&xv)[CHUNKS], int64_t base) {
     const int64_t row = base + r;
     if (row >= a.rows) return;
     const XV* xr = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n);
-    if constexpr (kFirst) {
-      xv[CHUNKS] = xr[0];
-      if constexpr (kExtra) {  // the shift is h's: its first vector
-        const XV e0 =
-            reinterpret_cast<const XV*>(static_cast<const X*>(a.residual) + row * n)[0];
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) xv[CHUNKS].v[k] = Row::row_in(xv[CHUNKS].v[k], e0.v[k]);
-      }
-    }
     if constexpr (kExtra) {
       // Every load of both operands is issued before the first use.
       const XV* er =
@@ -110,13 +117,21 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   };
   // All threads of a block make the same steps (barriers inside group_sum
   // when GROUP == BLOCK); rows past the end are masked.
-  auto finish = [&](const XV (&xv)[SLOTS], int64_t base) {
+  auto finish = [&](const XV (&xv)[CHUNKS], int64_t base) {
     const int64_t row = base + r;
     const bool valid = row < a.rows;
     typename Row::FwdStats st{};
     if constexpr (Row::kShift) {
       if constexpr (kFirst) {
-        st.shift = vec_mean(xv[CHUNKS]);
+        // (a masked row reads row 0's: any value serves it)
+        const int64_t start = (valid ? row : 0) * n;
+        XV first = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + start)[0];
+        if constexpr (kExtra) {  // the shift is h's: its first vector
+          const XV e0 = reinterpret_cast<const XV*>(static_cast<const X*>(a.residual) + start)[0];
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) first.v[k] = Row::row_in(first.v[k], e0.v[k]);
+        }
+        st.shift = vec_mean(first);
       } else {
         st.shift = __shfl_sync(0xffffffffu, vec_mean(xv[0]), 0, GROUP < 32 ? GROUP : 32);
       }
@@ -148,16 +163,23 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
         if constexpr (kExtra) hr[v] = xv[j];  // the row value: h
         float(&wj)[VEC] = w[PERSISTENT ? j : 0];
         float(&bj)[VEC] = b[PERSISTENT && Row::kBias ? j : 0];
-        if constexpr (!PERSISTENT) {
+        XV wv, bv;  // W_AS_X: w and b as stored, widened below
+        if constexpr (W_AS_X) {
+          wv = static_cast<const XV*>(a.w)[v];
+          if constexpr (Row::kBias) bv = static_cast<const XV*>(a.b)[v];
+        } else if constexpr (!PERSISTENT) {
           load_w(a.w, a.w_dtype, v, w_aligned, wj);
           add_offset(wj, a.offset);
+          if constexpr (Row::kBias) load_b(v, bj);
         }
-        if constexpr (!PERSISTENT && Row::kBias) load_b(v, bj);
         OV out;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k)
-          out.v[k] = from_float<O>(
-              Row::y(to_float(xv[j].v[k]), wj[k], Row::kBias ? bj[k] : 0.f, st));
+        for (int k = 0; k < VEC; ++k) {
+          const float wk = W_AS_X ? to_float(wv.v[k]) + a.offset : wj[k];
+          float bk = 0.f;
+          if constexpr (Row::kBias) bk = W_AS_X ? to_float(bv.v[k]) : bj[k];
+          out.v[k] = from_float<O>(Row::y(to_float(xv[j].v[k]), wk, bk, st));
+        }
         yr[v] = out;
       }
     }
@@ -165,7 +187,7 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
 
   // The first rows go out before w is read: w (from L2 after the first
   // blocks) then arrives while x is in flight.
-  XV cur[SLOTS], next[SLOTS];
+  XV cur[CHUNKS], next[CHUNKS];
   load(cur, first);
   if constexpr (PERSISTENT) {
 #pragma unroll
@@ -200,27 +222,27 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
 // The kernels: fwd_rows, and with a register cap (at least MIN_BLOCKS blocks
 // a SM: LayerNorm's rows, plans.h) fwd_rows_capped.
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT, typename Row = RmsRow>
+          bool PERSISTENT, typename Row = RmsRow, bool W_AS_X = false>
 __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
-  fwd_rows_body<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row>(a);
+  fwd_rows_body<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row, W_AS_X>(a);
 }
 
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT, int MIN_BLOCKS, typename Row>
+          bool PERSISTENT, int MIN_BLOCKS, typename Row, bool W_AS_X = false>
 __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) fwd_rows_capped(const FwdArgs a) {
-  fwd_rows_body<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row>(a);
+  fwd_rows_body<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row, W_AS_X>(a);
 }
 
 // The host stub of a LayerNorm forward row (MIN_BLOCKS > 0: capped).
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT, int MIN_BLOCKS, typename Row>
+          bool PERSISTENT, int MIN_BLOCKS, typename Row, bool W_AS_X = false>
 const void* layer_fwd_kernel_for() {
   if constexpr (MIN_BLOCKS > 0) {
     return reinterpret_cast<const void*>(
-        &fwd_rows_capped<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, MIN_BLOCKS, Row>);
+        &fwd_rows_capped<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, MIN_BLOCKS, Row, W_AS_X>);
   } else {
     return reinterpret_cast<const void*>(
-        &fwd_rows<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row>);
+        &fwd_rows<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row, W_AS_X>);
   }
 }
 

@@ -3,6 +3,7 @@
 // the gw and gb partials. No fallback kernels of our own: rows no table
 // covers go to mx.fast.layer_norm, decided by the op before the graph is
 // built (layer_norm_planned).
+#include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -26,14 +27,25 @@ using plans::kLayerForward;
 // set), on the same table rows. The add's row holds the residual beside x:
 // under the plain row's register cap it spilled 190-330 bytes a thread
 // (ptxas, sm_90, bf16), so it runs uncapped.
-template <typename X, typename O, typename Row, std::size_t... I>
+// W_AS_X: w and b read in x's dtype (fwd_rows_body), on the rows that read
+// them per step; the persistent rows keep them in fp32 registers either way.
+template <typename X, typename O, typename Row, bool W_AS_X, std::size_t... I>
 const void* forward_kernel(int row, std::index_sequence<I...>) {
   constexpr bool kAdd = Row::kExtraIn > 0;
   static const void* const kernels[] = {layer_fwd_kernel_for<
       X, O, kLayerForward[I].block, kLayerForward[I].group, kLayerForward[I].chunks,
       kLayerForward[I].stages, kLayerForward[I].persistent,
-      kAdd ? 0 : kLayerForward[I].min_blocks, Row>()...};
+      kAdd ? 0 : kLayerForward[I].min_blocks, Row,
+      W_AS_X && !kLayerForward[I].persistent>()...};
   return kernels[row];
+}
+
+// Whether w and b can be read as x (see W_AS_X): both given, in x's dtype,
+// at 16-byte aligned bases.
+bool weights_as_x(const FwdArgs& a) {
+  auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  return a.w != nullptr && a.b != nullptr && a.w_dtype == a.x_dtype &&
+         a.b_dtype == a.x_dtype && aligned(a.w) && aligned(a.b);
 }
 
 template <typename X, typename G, typename Row, const auto& Table, std::size_t... I>
@@ -145,8 +157,11 @@ Plan plan_layer_forward(const FwdArgs& a) {
     if (vec != full || row < 0) no_plan("forward", a.n);
     const auto& cfg = kLayerForward[row];
     constexpr auto rows = std::make_index_sequence<std::size(kLayerForward)>{};
-    const void* fn = add ? forward_kernel<X, O, AddLayerRow>(row, rows)
-                         : forward_kernel<X, O, LayerRow>(row, rows);
+    const bool wx = weights_as_x(a);
+    const void* fn = add ? (wx ? forward_kernel<X, O, AddLayerRow, true>(row, rows)
+                               : forward_kernel<X, O, AddLayerRow, false>(row, rows))
+                         : (wx ? forward_kernel<X, O, LayerRow, true>(row, rows)
+                               : forward_kernel<X, O, LayerRow, false>(row, rows));
     int64_t grid = std::min<int64_t>(ceil_div(a.rows, cfg.block / cfg.group),
                                      std::numeric_limits<int32_t>::max());
     if (cfg.persistent) {

@@ -124,15 +124,18 @@ def test_large_mean_rows_keep_their_digits(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_mixed_dtypes_follow_the_builtin(device):
-    x = random((8, 64), mx.bfloat16, 1)
-    w32 = random((64,), mx.float32, 2)
-    b16 = random((64,), mx.float16, 3)
+# N = 2048: a row that reads w and b per step, where only weights in x's
+# dtype take the packed read (forward.cuh W_AS_X)
+@pytest.mark.parametrize("n", [64, 2048])
+def test_mixed_dtypes_follow_the_builtin(device, n):
+    x = random((8, n), mx.bfloat16, 1)
+    w32 = random((n,), mx.float32, 2)
+    b16 = random((n,), mx.float16, 3)
     with mx.stream(device):
         for w, b in [(w32, None), (w32, b16), (None, b16), (None, w32)]:
             y = mlx_rmsnorm.layer_norm(x, w, b, EPS)
             assert y.dtype == BUILTIN(x, w, b, EPS).dtype
-            gx, gw, gb = grads_of(mlx_rmsnorm.layer_norm, x, w, b, random((8, 64), y.dtype, 4))
+            gx, gw, gb = grads_of(mlx_rmsnorm.layer_norm, x, w, b, random((8, n), y.dtype, 4))
             assert gx.dtype == x.dtype
             if w is not None:
                 assert gw.dtype == w.dtype
