@@ -9,7 +9,10 @@ and Qwen3's QK-norms over 16 query and 8 key heads of 128.
 On the GPU machine, by scripts/gpu_run.sh (step decode) or by hand.
 
 Prints, per shape, the median kernel time of each contender, its grid,
-block and registers.
+block and registers. At the hidden-size shapes also the residual add before
+the norm, as a decode step under `patch(fuse=True)` runs it: MLX's add then
+our norm ("add+ours", the two kernels' times summed) against `add_rms_norm`
+("fused", one kernel).
 """
 
 from __future__ import annotations
@@ -27,21 +30,36 @@ SHAPES = [("1x1024", (1, 1, 1024)), ("1x4096", (1, 1, 4096)),
           ("q 16x128", (1, 1, 16, 128)), ("k 8x128", (1, 1, 8, 128)),
           ("64x4096", (1, 64, 4096))]
 IMPLS = ("builtin", "ours")
+ADD_SHAPES = ("1x1024", "1x4096", "64x4096")  # the fused add's contenders there
+KERNELS = "rms_norm|fwd_rows|binary"  # MLX's norm, ours, MLX's add
 
 
 def child(launches):
     import mlx.core as mx
+    import numpy as np
 
     import mlx_rmsnorm
+    rng = np.random.default_rng(0)
+
+    def bf16(a):  # from the host: no GPU kernel that the kernel filter could catch
+        return mx.array(a.astype(np.float32)).astype(mx.bfloat16)
+
     for label, shape in SHAPES:
-        x = mx.random.normal(shape).astype(mx.bfloat16)
-        w = (1 + 0.1 * mx.random.normal((shape[-1],))).astype(mx.bfloat16)
-        mx.eval(x, w)
-        for impl in IMPLS:
-            norm = mlx_rmsnorm.rms_norm if impl == "ours" else mx.fast.rms_norm
+        x, r = bf16(rng.standard_normal(shape)), bf16(rng.standard_normal(shape))
+        w = bf16(1 + 0.1 * rng.standard_normal(shape[-1]))
+        mx.eval(x, r, w)
+        cases = {"builtin": (lambda: [mx.fast.rms_norm(x, w, 1e-6)], 1),
+                 "ours": (lambda: [mlx_rmsnorm.rms_norm(x, w, 1e-6)], 1)}
+        if label in ADD_SHAPES:
+            def add_then_norm():
+                h = x + r
+                return [mlx_rmsnorm.rms_norm(h, w, 1e-6), h]
+            cases["add+ours"] = (add_then_norm, 2)
+            cases["fused"] = (lambda: list(mlx_rmsnorm.add_rms_norm(x, r, w, 1e-6)), 1)
+        for impl, (run, kernels) in cases.items():
             for _ in range(launches):
-                mx.eval(norm(x, w, 1e-6))
-            print(f"case\t{label}\t{impl}", flush=True)
+                mx.eval(*run())
+            print(f"case\t{label}\t{impl}\t{kernels}", flush=True)
 
 
 def main():
@@ -51,7 +69,7 @@ def main():
     args = p.parse_args()
     if args.child:
         return child(args.launches)
-    cmd = ["ncu", "--clock-control", "none", "--kernel-name", "regex:rms_norm|fwd_rows",
+    cmd = ["ncu", "--clock-control", "none", "--kernel-name", f"regex:{KERNELS}",
            "--metrics", "gpu__time_duration.sum,launch__registers_per_thread", "--csv",
            sys.executable, os.path.abspath(__file__), "--child", "--launches", str(args.launches)]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -71,15 +89,20 @@ def main():
         scale = {"n": 1e-3, "u": 1.0, "m": 1e3}.get(r[col["Metric Unit"]][:1], 1.0)
         k[r[col["Metric Name"]]] = float(r[col["Metric Value"]].replace(",", "")) * scale
     ordered = [kernels[i] for i in sorted(kernels)]
-    if len(ordered) != len(cases) * args.launches:
-        print(f"expected {len(cases) * args.launches} kernels, ncu saw {len(ordered)}")
+    expected = sum(int(n) for _, _, n in cases) * args.launches
+    if len(ordered) != expected:
+        print(f"expected {expected} kernels, ncu saw {len(ordered)}")
         return 1
-    print(f"decode-step forwards (bf16, ncu, each launch alone), median of {args.launches} launches")
+    print(f"decode-step forwards (bf16, ncu, each launch alone), median of {args.launches} launches"
+          " (add+ours: the two kernels' sum)")
     print(f"{'shape':10} {'impl':8} {'us':>7} {'grid':>14} {'block':>14} {'regs':>5}  kernel")
-    for i, (label, impl) in enumerate(cases):
-        ks = ordered[i * args.launches:(i + 1) * args.launches]
-        us = statistics.median(k["gpu__time_duration.sum"] for k in ks)
-        k = ks[0]
+    at = 0
+    for label, impl, n in cases:
+        n = int(n)
+        launches = [ordered[at + i * n:at + (i + 1) * n] for i in range(args.launches)]
+        at += n * args.launches
+        us = statistics.median(sum(k["gpu__time_duration.sum"] for k in ks) for ks in launches)
+        k = launches[0][-1]  # the norm (after MLX's add where there is one)
         print(f"{label:10} {impl:8} {us:7.2f} {k['grid']:>14} {k['block']:>14} "
               f"{int(k['launch__registers_per_thread']):5d}  {k['name'][:60]}")
     return 0
