@@ -232,10 +232,18 @@ inline constexpr RowPlan kForwardOneWave[] = {
 //   of stack; ncu: local-memory requests) and lost (8192x1024: 19.3 us at 24
 //   blocks a SM against 13.9), and the one reduction a row gained little
 //   against the two-pass policy (within 4% either way, 13.8 -> 13.9 at
-//   8192x1024, 167.8 -> 161.3 at 16384x8192): LayerNorm's forward stays
-//   1.2-1.5x RMSNorm's, with 16-24 more registers a thread on these rows
-//   (b beside w after the reduction), so fewer resident blocks (ncu,
-//   8192x1024: 64 against 40 registers, 50% against 75% occupancy).
+//   8192x1024, 167.8 -> 161.3 at 16384x8192). What held the forward at
+//   1.2-1.5x RMSNorm's was registers, not the reduction: 64 against 40 a
+//   thread at 128 x 2, 78 against 63 at 256 x 4 (b beside w, both widened
+//   to fp32 as they arrive, and the shift's first vector held from the
+//   loads on), so fewer resident blocks (ncu, 32768x1280: 50% against 75%
+//   theoretical occupancy, 42.7% against 65% of DRAM peak, 72.2 us against
+//   46.4). Reading w and b in x's dtype (fwd_rows W_AS_X, where both are
+//   given in it) and the first vector again at the reduction: 47 and 63
+//   registers, 59.0 us there (62.5% occupancy), 16384x8192 160 -> 131.7 us
+//   (RMS 127); through MLX 0.77-1.20x RMSNorm's forward at the training
+//   shapes, 1.20x at most (N = 1280), at or below 1.05x from N = 4096
+//   (docs/h200/2026-12-02-7410df2: profile-ln.log, bench-ln.log).
 // Rows past a table, and N not a multiple of a 16-byte vector, go to
 // mx.fast.layer_norm (the op decides before building the graph, layer_norm.cpp).
 // add_layer_norm (AddLayerRow) runs these rows, its forward uncapped
