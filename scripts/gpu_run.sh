@@ -348,7 +348,7 @@ HOST_ARGS=(--shapes 1x1x1024,1x1x16x128,1x1x4096 --calls 200 --repeats 10)
 run_host() {
   ensure_built || return 1
   timeout "$(cap 60)" python3 scripts/host_overhead.py "${HOST_ARGS[@]}" 2>&1 \
-    | tee "$OUT/host-overhead.txt" | grep -E "calls per eval|^fwd|^bwd"
+    | tee "$OUT/host-overhead.txt" | grep -E "calls per eval|^fwd|^bwd|^add|^fused"
   local rc=${PIPESTATUS[0]}
   timeout "$(cap 90)" python3 scripts/fuse_host_cost.py 2>&1 | tee "$OUT/fuse-host-cost.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1

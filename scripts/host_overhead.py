@@ -45,6 +45,9 @@ for text in args.shapes.split(","):
         "gx-only ours": vjp(mlx_rmsnorm.rms_norm, False, x, w, g),
         "rms_norm_vjp direct": lambda: mlx_rmsnorm.rms_norm_vjp(x, w, g, EPS),
         "x + g": lambda: x + g,
+        # a decoder block's residual add + norm, unfused (patch()) and fused
+        "add+norm ours": lambda: (lambda h: [mlx_rmsnorm.rms_norm(h, w, EPS), h])(x + g),
+        "fused add ours": lambda: list(mlx_rmsnorm.add_rms_norm(x, g, w, EPS)),
     }
     res = {k: ([], []) for k in cases}
     for rep in range(args.repeats + 2):
