@@ -142,20 +142,24 @@ def print_fused_tables(rows, device=None):
             continue
         print(f"\nfused add + {op}, {title}: us per call, {sel[0]['calls']} calls per eval, "
               f"median of {sel[0]['repeats']} interleaved repeats; x = {FUSED_BASELINE} / impl; "
+              f"fused x ours = {FUSED_IMPLS[2]} / fused; "
               f"ceiling = the copy kernel's rate on these 4 tensors")
         hdr = f"{'shape':>12} {'ceil us':>8}" + "".join(f" {i[:24]:>24} {'%ceil':>6} {'x':>5}"
-                                                    for i in FUSED_IMPLS)
+                                                    for i in FUSED_IMPLS) + f" {'fused x ours':>12}"
         print(hdr)
         print("-" * len(hdr))
         for shape in dict.fromkeys(r["shape"] for r in sel):
             line = None
+            us = {}
             for impl in FUSED_IMPLS:
                 r = next(r for r in sel if r["shape"] == shape and r["impl"] == impl)
                 if line is None:
                     line = f"{shape:>12} {r['ceiling_us']:8.1f}"
                 line += f" {spread(r['us'], r['us_min'], r['us_max']):>24} " \
                         f"{r['pct_ceiling']:5.0f}% {r['speedup_vs_baseline']:5.2f}"
-            print(line)
+                us[impl] = r["us"]
+            # the fused op against the same two steps with our norm: what fusing alone gains
+            print(line + f" {us[FUSED_IMPLS[2]] / us[FUSED_IMPLS[0]]:12.2f}")
 
 
 def gemma_accuracy(device, shape=(4096, 2048), seed=60):
