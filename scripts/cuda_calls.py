@@ -6,7 +6,10 @@ decode step of an mlx-lm model (one eval per token, as mlx_lm.generate) and a
 compiled training step. Run on the GPU machine by scripts/gpu_run.sh (step
 calls), or by hand:
 
-    python3 scripts/cuda_calls.py [--out FILE] [--scenarios a,b,...]
+    python3 scripts/cuda_calls.py [--out FILE] [--scenarios a,b,...] [--contenders builtin,plugin]
+
+--contenders plugin,fuse sets patch() against patch(fuse=True) instead
+(decode with the blocks' residual add fused).
 
 Prints, per scenario, ms per eval and the calls per eval of each contender
 (both columns, the API functions where they differ first), the host time
@@ -181,13 +184,24 @@ def scenarios(names):
     return {k: v for k, v in table.items() if not names or k in names}
 
 
-def measure(fn, evals, counter):
+# contender -> how it is set: unpatched, patch(), patch(fuse=True)
+CONTENDERS = {"builtin": None, "plugin": False, "fuse": True}
+
+
+def set_contender(name):
+    import mlx_rmsnorm
+    mlx_rmsnorm.unpatch()
+    if CONTENDERS[name] is not None:
+        mlx_rmsnorm.patch(fuse=CONTENDERS[name])
+
+
+def measure(fn, evals, counter, contenders=("builtin", "plugin")):
     import mlx_rmsnorm
     res = {}
-    # interleaved: builtin, plugin, builtin, plugin; the first round warms up
+    # interleaved: a, b, a, b, a, b; the first round warms up
     for rnd in range(3):
-        for contender in ("builtin", "plugin"):
-            (mlx_rmsnorm.patch if contender == "plugin" else mlx_rmsnorm.unpatch)()
+        for contender in contenders:
+            set_contender(contender)
             for _ in range(3):
                 fn()
             counter.reset()
@@ -204,13 +218,14 @@ def measure(fn, evals, counter):
     return res
 
 
-def report(name, res, evals, out, kernel_width=60):
-    b, p = res["builtin"], res["plugin"]
+def report(name, res, evals, out, kernel_width=60, contenders=("builtin", "plugin")):
+    nb, np_ = contenders  # columns "b" and "p": the first contender and the second
+    b, p = res[nb], res[np_]
     ms = lambda r: statistics.median(r["times"]) * 1e3
     gpu = lambda r: sum(ns for k, (_, ns) in r["counts"].items() if k.startswith("ker:")) / evals / 1e3
-    lines = [f"## {name}: {evals} evals; ms per eval (median) builtin {ms(b):.3f}, "
-             f"plugin {ms(p):.3f} (plugin/builtin {ms(p) / ms(b):.3f}); GPU kernel time per eval "
-             f"builtin {gpu(b):.1f} us, plugin {gpu(p):.1f} us"]
+    lines = [f"## {name}: {evals} evals; ms per eval (median) {nb} {ms(b):.3f}, "
+             f"{np_} {ms(p):.3f} ({np_}/{nb} {ms(p) / ms(b):.3f}); GPU kernel time per eval "
+             f"{nb} {gpu(b):.1f} us, {np_} {gpu(p):.1f} us"]
     get = lambda r, k: r["counts"].get(k, (0, 0))
     keys = set(b["counts"]) | set(p["counts"])
     api = sorted((k for k in keys if not k.startswith("ker:")),
@@ -218,7 +233,7 @@ def report(name, res, evals, out, kernel_width=60):
     kernels = sorted((k for k in keys if k.startswith("ker:")),
                      key=lambda k: -abs(get(p, k)[1] - get(b, k)[1]))
     for title, ks, width in (("API call", api, 44), ("kernel (GPU time)", kernels, kernel_width)):
-        lines.append(f"{title:{width}} {'builtin/eval':>12} {'plugin/eval':>12} {'us/eval b':>10} {'us/eval p':>10}")
+        lines.append(f"{title:{width}} {nb + '/eval':>12} {np_ + '/eval':>12} {'us/eval b':>10} {'us/eval p':>10}")
         for k in ks:
             (cb, nb), (cp, np_) = get(b, k), get(p, k)
             lines.append(f"{k[:width]:{width}} {cb / evals:12.2f} {cp / evals:12.2f} "
@@ -234,7 +249,12 @@ def main():
     p.add_argument("--out", default="cuda-calls.txt")
     p.add_argument("--scenarios", default="")
     p.add_argument("--kernel-width", type=int, default=60, help="characters of kernel names shown")
+    p.add_argument("--contenders", default="builtin,plugin",
+                   help="the two compared, of builtin, plugin (patch()), fuse (patch(fuse=True))")
     args = p.parse_args()
+    contenders = tuple(args.contenders.split(","))
+    if len(contenders) != 2 or any(c not in CONTENDERS for c in contenders):
+        p.error(f"--contenders takes two of {', '.join(CONTENDERS)}")
     if os.environ.get("CUDA_INJECTION64_PATH") != LIB:
         build()
         env = dict(os.environ, CUDA_INJECTION64_PATH=LIB)
@@ -243,8 +263,8 @@ def main():
     names = [s for s in args.scenarios.split(",") if s]
     with open(args.out, "w") as out:
         for name, (make, evals) in scenarios(names).items():
-            res = measure(make(), evals, counter)
-            report(name, res, evals, out, args.kernel_width)
+            res = measure(make(), evals, counter, contenders)
+            report(name, res, evals, out, args.kernel_width, contenders)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,8 @@
 #   profile-ln    Nsight Compute sections of LayerNorm's kernels beside our
 #                 RMSNorm's at the same shapes (forward and backward, through MLX)
 #   decode        decode-step forwards under ncu (scripts/decode_kernels.py)
-#   calls         CUDA calls and kernel GPU time per eval (scripts/cuda_calls.py)
+#   calls         CUDA calls and kernel GPU time per eval (scripts/cuda_calls.py), and
+#                 at decode patch() against patch(fuse=True)
 #   host          host cost per call at decode shapes (scripts/host_overhead.py) and of a
 #                 decode step's graph with and without fuse (scripts/fuse_host_cost.py)
 #   minsize       host cost and generation, this build against one with nanobind's
@@ -341,7 +342,12 @@ run_calls() {
   timeout "$(cap 200)" python3 scripts/cuda_calls.py --out "$OUT/cuda-calls.txt" --scenarios \
     fwd1-1x1024,bwd1-8192x2048,bwd20-8192x1024,decode-qwen3-0.6b,decode-llama-3-8b,train-qwen3-0.6b,train-llama-8b-slice-frozen \
     2>&1 | grep "^##"
-  return "${PIPESTATUS[0]}"
+  local rc=${PIPESTATUS[0]}
+  # decode with the blocks' residual add fused, against patch() alone
+  timeout "$(cap 120)" python3 scripts/cuda_calls.py --out "$OUT/cuda-calls-fuse.txt" --contenders plugin,fuse \
+    --scenarios decode-qwen3-0.6b,decode-llama-3-8b 2>&1 | grep "^##"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  return $rc
 }
 
 HOST_ARGS=(--shapes 1x1x1024,1x1x16x128,1x1x4096 --calls 200 --repeats 10)
