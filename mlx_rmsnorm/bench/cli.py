@@ -35,12 +35,13 @@ Sections (* in a run that names none; --training = training,decode;
 --no-sweep = table):
 {sections}
 
---fused times the fused residual add + norm (add_rms_norm, add_layer_norm) at the training shapes of the models patch(fuse=True) rewrites, forward and
-backward, against MLX's add + the built-in norm and MLX's add + our norm, in
-its own tables and files, then the accuracy of Gemma's norm (scale 1 + w)
-against float64. The LayerNorm sections show our RMSNorm on the same tensors
-beside ours: LayerNorm moves what RMSNorm moves, so ours / our RMSNorm is
-the figure to read.
+--fused times the fused residual add + norm (add_rms_norm, add_layer_norm)
+at the training shapes of the models patch(fuse=True) rewrites, forward and
+backward, against MLX's add + the built-in norm and MLX's add + our norm
+("fused x ours": what fusing alone gains), in its own tables and files, then
+the accuracy of Gemma's norm (scale 1 + w) against float64. The LayerNorm
+sections show our RMSNorm on the same tensors beside ours: LayerNorm moves
+what RMSNorm moves, so ours / our RMSNorm is the figure to read.
 
 Ceiling: the same bytes through MLX's simplest elementwise kernel with the
 same read:write mix (backward: x + g, 2 reads and 1 write; forward: -x, 1 read

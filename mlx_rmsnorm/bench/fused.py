@@ -11,7 +11,7 @@ import time
 
 import mlx.core as mx
 
-from .. import _ext, add_layer_norm, add_layer_norm_vjp, add_rms_norm, add_rms_norm_vjp, layer_norm, rms_norm
+from .. import add_layer_norm, add_layer_norm_vjp, add_rms_norm, add_rms_norm_vjp, layer_norm, rms_norm
 from .core import (EPS, L2_BYTES, MAX_SETS, Progress, builtin_layer_norm, builtin_rms_norm, device_name, stats,
                    time_interleaved, trim)
 from .output import spread, write_outputs

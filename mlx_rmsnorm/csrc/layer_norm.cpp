@@ -1,8 +1,6 @@
 #include "layer_norm.h"
 
-#include <cstdlib>
 #include <numeric>
-#include <string>
 
 #include "layer_norm_vjp.h"
 #include "mlx/fast.h"
