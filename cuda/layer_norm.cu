@@ -3,7 +3,6 @@
 // the gw and gb partials. No fallback kernels of our own: rows no table
 // covers go to mx.fast.layer_norm, decided by the op before the graph is
 // built (layer_norm_planned).
-#include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -41,11 +40,10 @@ const void* forward_kernel(int row, std::index_sequence<I...>) {
 }
 
 // Whether w and b can be read as x (see W_AS_X): both given, in x's dtype,
-// at 16-byte aligned bases.
+// at 16-byte aligned bases (vector_width's check, for rows of whole vectors).
 bool weights_as_x(const FwdArgs& a) {
-  auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
   return a.w != nullptr && a.b != nullptr && a.w_dtype == a.x_dtype &&
-         a.b_dtype == a.x_dtype && aligned(a.w) && aligned(a.b);
+         a.b_dtype == a.x_dtype && vector_width(a.x_dtype, a.n, {a.w, a.b}) != 1;
 }
 
 template <typename X, typename G, typename Row, const auto& Table, std::size_t... I>
