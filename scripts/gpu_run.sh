@@ -282,6 +282,16 @@ run_ncu() {
   return "${PIPESTATUS[0]}"
 }
 
+# ncu_sections LIMIT SECTIONS KERNEL-REGEX SKIP COUNT COMMAND...: Nsight
+# Compute's sections of COUNT matching kernels after SKIP of them, at most
+# LIMIT seconds (and never past the budget), ncu's own chatter dropped
+ncu_sections() {
+  local limit=$1 sections=$2 kernels=$3 skip=$4 count=$5
+  shift 5
+  timeout "$(cap "$limit")" ncu --clock-control none $sections -k regex:"$kernels" --launch-skip "$skip" \
+    --launch-count "$count" "$@" 2>&1 | grep -v "^==PROF==" | grep -vi "^  *-\+ *$"
+}
+
 run_profile() {
   ensure_cli || return 1
   # Nsight Compute on the persistent backward (the table's plan) at the
@@ -292,8 +302,7 @@ run_profile() {
   [ -n "${PROFILE_MLX_ONLY:-}" ] ||
   for shape in "8192 16384" "8192 4096" "4096 16384" "2048 32768" "128 262144" "2880 16384" "16384 8192"; do
     echo "##### rmsnorm_backward $shape"
-    ncu --clock-control none $sections -k regex:bwd_persistent --launch-skip 1 --launch-count 1 \
-      ./build/cuda/rmsnorm_backward $shape 2 2>&1 | grep -v "^==PROF==" | grep -vi "^  *-\+ *$"
+    ncu_sections 120 "$sections" bwd_persistent 1 1 ./build/cuda/rmsnorm_backward $shape 2
   done >>"$OUT/profile.log" 2>&1
   # Through MLX: the built-in's backward, and both forwards where ours trails the built-in.
   if ensure_built; then
@@ -302,8 +311,7 @@ run_profile() {
                 "fwd builtin 16384 8192 rms_norm"; do
       set -- $case
       echo "##### $1 $2 $3x$4"
-      ncu --clock-control none $sections -k regex:$5 --launch-skip 1 --launch-count 1 \
-        python3 scripts/profile_case.py $1 $2 $3 $4 2>&1 | grep -v "^==PROF==" | grep -vi "^  *-\+ *$"
+      ncu_sections 120 "$sections" "$5" 1 1 python3 scripts/profile_case.py $1 $2 $3 $4
     done >>"$OUT/profile.log" 2>&1
   fi
   grep -E "^#####|bwd_persistent|fwd_rows|rms_norm|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Memory Throughput|Stall|Warp Cycles Per Issued" "$OUT/profile.log" | head -150
@@ -322,9 +330,7 @@ run_profile_ln() {
     [ "$dir" = bwd ] && kernels="bwd_|colsum" skip=2 count=2
     for op in layer rms; do
       echo "##### $op $dir ${m}x$n"
-      timeout "$(cap 60)" ncu --clock-control none $sections -k regex:"$kernels" --launch-skip $skip \
-        --launch-count $count python3 scripts/profile_case.py "$dir" ours "$m" "$n" "$op" 2>&1 \
-        | grep -v "^==PROF==" | grep -vi "^  *-\+ *$"
+      ncu_sections 60 "$sections" "$kernels" $skip $count python3 scripts/profile_case.py "$dir" ours "$m" "$n" "$op"
     done
   done >>"$OUT/profile-ln.log" 2>&1
   grep -E "^#####|fwd_rows|bwd_|colsum|Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit Registers|Warp Cycles Per Issued|Stall" \
