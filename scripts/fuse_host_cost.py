@@ -6,8 +6,9 @@ Variants interleaved, median per round, median [min-max] over rounds.
 
     python3 scripts/fuse_host_cost.py [--rounds 7] [--steps 100] [--profile]
 --profile adds cProfile's count of Python calls per block call and the time
-of the fused block's own checks (_fuse._why_not), per variant, and the time
-to build the fused op's node against MLX's add and our rms_norm (1 x 1024).
+of the fused block's own checks (_fuse._why_not), per variant. (The fused
+op alone against MLX's add + our rms_norm, to build and to evaluate:
+scripts/host_overhead.py, rows "add+norm ours" and "fused add ours".)
 By hand, on the GPU machine or a CPU one (on the CPU the plugin is routed
 there, as the tests do, so that the fused blocks run).
 """
@@ -89,16 +90,3 @@ if args.profile:
               f"{stats.total_tt / 1000 * 1e6:.1f} us under cProfile, of which the fused "
               f"block's checks {checks / 1000 * 1e6:.2f} us")
     mlx_rmsnorm.unpatch()
-    x, r, w = (mx.random.normal(s).astype(mx.bfloat16) for s in ((1, 1, 1024), (1, 1, 1024), (1024,)))
-    mx.eval(x, r, w)
-    ops = {"add_rms_norm(x, r)": lambda: mlx_rmsnorm.add_rms_norm(x, r, w, 1e-6),
-           "rms_norm(x + r)": lambda: mlx_rmsnorm.rms_norm(x + r, w, 1e-6)}
-    op_us = {k: [] for k in ops}
-    for _ in range(args.rounds):
-        for k, f in ops.items():
-            t = time.perf_counter()
-            for _ in range(10000):
-                f()
-            op_us[k].append((time.perf_counter() - t) / 10000 * 1e6)
-    for k, xs in op_us.items():
-        print(f"  {k:18s} {statistics.median(xs):.2f} us to build [{min(xs):.2f}-{max(xs):.2f}]")
