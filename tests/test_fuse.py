@@ -21,16 +21,12 @@ from mlx_rmsnorm._autopatch import primitive_counts
 
 pytest.importorskip("mlx_lm.models")
 from tiny_models import (CONFIGS, LAYER_NORM, PARALLEL, VOCAB, fused_node, loss_and_grads,  # noqa: E402
-                         make, patched_and_fused, tokens)
+                         loss_fn, make, patched_and_fused, tokens)
 
 def train(name, steps=4):
     model = make(name)
     opt = optim.AdamW(learning_rate=1e-3)
     x, y = tokens()
-
-    def loss_fn(m, x, y):
-        return nn.losses.cross_entropy(m(x), y).mean()
-
     step = nn.value_and_grad(model, loss_fn)
     losses = []
     for _ in range(steps):

@@ -96,14 +96,13 @@ def tokens():
     return t[:, :-1], t[:, 1:]
 
 
+def loss_fn(m, x, y):
+    """The cross-entropy loss of next-token prediction."""
+    return nn.losses.cross_entropy(m(x), y).mean()
 
 
 def loss_and_grads(model, x, y):
-    """The cross-entropy loss of next-token prediction and every parameter's
-    gradient (flattened names), evaluated."""
-    def loss_fn(m, x, y):
-        return nn.losses.cross_entropy(m(x), y).mean()
-
+    """loss_fn and every parameter's gradient (flattened names), evaluated."""
     loss, grads = nn.value_and_grad(model, loss_fn)(model, x, y)
     mx.eval(loss, grads)
     return loss, dict(tree_flatten(grads))
