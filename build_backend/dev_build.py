@@ -14,6 +14,7 @@ and the environment holds the editable install of this checkout.
 
     python build_backend/dev_build.py up-to-date     exit 0, or 1 with the reason
     python build_backend/dev_build.py missing REQ... the requirements not installed
+    python build_backend/dev_build.py tree-hash      the hash of the build's inputs
 
 Light on purpose (no setuptools, no mlx import): ./run.sh runs it every time.
 """
@@ -151,7 +152,10 @@ if __name__ == "__main__":
         if why:
             print(why)
         raise SystemExit(1 if why else 0)
+    if command == "tree-hash" and not args:
+        print(tree_hash())
+        raise SystemExit(0)
     if command == "missing":
         print(" ".join(missing(args)))
         raise SystemExit(0)
-    raise SystemExit("usage: dev_build.py up-to-date | missing REQUIREMENT...")
+    raise SystemExit("usage: dev_build.py up-to-date | tree-hash | missing REQUIREMENT...")

@@ -27,6 +27,7 @@
 #                 SANITIZE_TIMEOUT, RACECHECK_ARGS)
 #   memory        scripts/memory_check.py: active memory flat over 10000 steps
 #   sweep         every mlx-lm architecture under the built-in, patch(), patch(fuse=True)
+#                 (SWEEP_ARGS: e.g. "--shard 1/2", one of two calls; --merge joins them)
 # Training and generation
 #   train         examples/train.py (the main job)
 #   transformer   examples/train_transformer.py (TRANSFORMER_PRECISIONS)
@@ -96,10 +97,19 @@ case "${MLX_RMSNORM_CUDA_ARCHS:-90}" in
   default) unset MLX_RMSNORM_CUDA_ARCHS ;;
   *) export MLX_RMSNORM_CUDA_ARCHS="${MLX_RMSNORM_CUDA_ARCHS:-90}" ;;
 esac
+# A build of this tree made beforehand on the development machine
+# (scripts/device_prebuild.sh, carried as results/prebuilt) is used as it is:
+# the build here costs 2-3 minutes of each device call.
+PREBUILT="$ROOT/results/prebuilt"
 ensure_built() {
   [ -n "$built" ] && return 0
   local why
-  if why=$(python3 build_backend/dev_build.py up-to-date); then
+  if [ -f "$PREBUILT/tree" ] && [ "$(cat "$PREBUILT/tree")" = "$(python3 build_backend/dev_build.py tree-hash)" ] \
+      && [ "${MLX_RMSNORM_CUDA_ARCHS:-}" = "$(cat "$PREBUILT/archs")" ]; then
+    cp "$PREBUILT"/_ext.* "$PREBUILT"/_build_info.py mlx_rmsnorm/ || return 1
+    export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    echo "the prebuilt extension of this tree (architectures $(cat "$PREBUILT/archs"))"
+  elif why=$(python3 build_backend/dev_build.py up-to-date); then
     echo "the build of this tree is there"
   else
     echo "building ($why), architectures ${MLX_RMSNORM_CUDA_ARCHS:-default}"
@@ -108,7 +118,8 @@ ensure_built() {
       || { cp /tmp/build.log "$OUT/"; tail -40 /tmp/build.log; return 1; }
     grep -E "CUDA kernels|CUDA architectures|fmt" /tmp/build.log | sed 's/^ *//' | head -3
   fi
-  # from /tmp: the installed package is imported, not the folder
+  # from /tmp: the installed package is imported, not the folder (or, prebuilt,
+  # the folder through PYTHONPATH)
   (cd /tmp && python3 -c "import mlx_rmsnorm as m; assert m.has_cuda_kernels(), 'built without kernels'; \
 print('extension OK: CUDA kernels, GPU family', m.gpu_family())") || return 1
   built=1
@@ -198,7 +209,7 @@ run_memory() {
 
 run_sweep() {
   ensure_built || return 1
-  timeout -s INT -k 20 "$(cap 400)" python3 scripts/arch_sweep.py --out "$OUT/sweep" --no-progress --jobs "${SWEEP_JOBS:-8}" 2>&1 \
+  timeout -s INT -k 20 "$(cap 400)" python3 scripts/arch_sweep.py --out "$OUT/sweep" --no-progress --jobs "${SWEEP_JOBS:-8}" ${SWEEP_ARGS:-} 2>&1 \
     | tee "$OUT/sweep.log" | tail -30
   return "${PIPESTATUS[0]}"
 }
