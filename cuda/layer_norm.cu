@@ -66,13 +66,13 @@ std::pair<const plans::RowPlan*, const void*> row_of(int nvec) {
 }
 
 // Final column sum of partial PART (0 gw, 1 gb, kBothParts: both in one
-// launch, grid.y = 2), blocks as in backward.cu.
+// pass), blocks as in backward.cu.
 template <int PART>
 KernelCall column_sum(int n, const char* name) {
   auto call = [&](auto cols) {
     constexpr int kCols = decltype(cols)::value;
     return make_call(reinterpret_cast<const void*>(&colsum<float, true, kCols, PART>),
-                     dim3(ceil_div(n, kCols), PART == kBothParts ? 2 : 1),
+                     dim3(ceil_div(n, kCols)),
                      dim3(kCols, 1024 / kCols), 0, name);
   };
   return n < plans::kColsumNarrowBelow ? call(std::integral_constant<int, 8>{})

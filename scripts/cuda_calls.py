@@ -96,13 +96,18 @@ def scenarios(names):
             return lambda: mx.eval(mx.vjp(lambda x: mx.fast.rms_norm(x, w, 1e-5), [x], [g]))
         return lambda: mx.eval(mx.vjp(lambda x, w: mx.fast.rms_norm(x, w, 1e-5), [x, w], [g]))
 
-    def many_bwd(m, n, calls=20):
+    def many_bwd(m, n, calls=20, layer=False):
         x, g, w = norm_inputs(m, n)
+        if layer:
+            b = (0.1 * (w - 1)).astype(w.dtype)
+            f, primals = (lambda x, w, b: mx.fast.layer_norm(x, w, b, 1e-5)), [x, w, b]
+        else:
+            f, primals = (lambda x, w: mx.fast.rms_norm(x, w, 1e-5)), [x, w]
 
         def run():
             outs = []
             for _ in range(calls):
-                outs += mx.vjp(lambda x, w: mx.fast.rms_norm(x, w, 1e-5), [x, w], [g])[1]
+                outs += mx.vjp(f, primals, [g])[1]
             mx.eval(outs)
         return run
 
@@ -175,6 +180,10 @@ def scenarios(names):
         "bwd1-8192x2048": (lambda: single_bwd(8192, 2048), 40),
         "bwd1-frozen-8192x2048": (lambda: single_bwd(8192, 2048, frozen=True), 40),
         "bwd20-8192x1024": (lambda: many_bwd(8192, 1024), 20),
+        # LayerNorm (weight and bias) beside RMSNorm on the same tensors: the
+        # benchmark's LN / RMS ratio at small N, in calls and kernels
+        "bwd20-8192x768": (lambda: many_bwd(8192, 768), 20),
+        "lnbwd20-8192x768": (lambda: many_bwd(8192, 768, layer=True), 20),
         "decode-qwen3-0.6b": (lambda: decode("qwen3-0.6b", 28), 40),
         "decode-llama-3-8b": (lambda: decode("llama-3-8b", 32), 40),
         "train-qwen3-0.6b": (lambda: train_step("qwen3-0.6b"), 6),

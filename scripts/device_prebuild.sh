@@ -57,7 +57,7 @@ PATH="$WORK/venv/bin:$PATH" MLX_RMSNORM_CUDA_ARCHS="$ARCHS" \
   CMAKE_ARGS="-DCUDNN_INCLUDE_PATH=$stub/include -DCUDNN_LIBRARY_PATH=$stub/lib" \
   "$WORK/venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 rm -rf "$OUT" && mkdir -p "$OUT"
-cp mlx_rmsnorm/_ext.* mlx_rmsnorm/_build_info.py "$OUT/"
+cp mlx_rmsnorm/_ext.*.so mlx_rmsnorm/_build_info.py "$OUT/"
 (cd "$ROOT" && python3 build_backend/dev_build.py tree-hash) >"$OUT/tree"
 echo "$ARCHS" >"$OUT/archs"
 ls -l "$OUT"

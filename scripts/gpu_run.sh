@@ -106,7 +106,7 @@ ensure_built() {
   local why
   if [ -f "$PREBUILT/tree" ] && [ "$(cat "$PREBUILT/tree")" = "$(python3 build_backend/dev_build.py tree-hash)" ] \
       && [ "${MLX_RMSNORM_CUDA_ARCHS:-}" = "$(cat "$PREBUILT/archs")" ]; then
-    cp "$PREBUILT"/_ext.* "$PREBUILT"/_build_info.py mlx_rmsnorm/ || return 1
+    cp "$PREBUILT"/_ext.*.so "$PREBUILT"/_build_info.py mlx_rmsnorm/ || return 1
     export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
     echo "the prebuilt extension of this tree (architectures $(cat "$PREBUILT/archs"))"
   elif why=$(python3 build_backend/dev_build.py up-to-date); then
@@ -357,7 +357,7 @@ run_decode() {
 run_calls() {
   ensure_built || return 1
   timeout "$(cap 200)" python3 scripts/cuda_calls.py --out "$OUT/cuda-calls.txt" --scenarios \
-    fwd1-1x1024,bwd1-8192x2048,bwd20-8192x1024,decode-qwen3-0.6b,decode-llama-3-8b,train-qwen3-0.6b,train-llama-8b-slice-frozen \
+    fwd1-1x1024,bwd1-8192x2048,bwd20-8192x1024,bwd20-8192x768,lnbwd20-8192x768,decode-qwen3-0.6b,decode-llama-3-8b,train-qwen3-0.6b,train-llama-8b-slice-frozen \
     2>&1 | grep "^##"
   local rc=${PIPESTATUS[0]}
   # decode with the blocks' residual add fused, against patch() alone

@@ -81,22 +81,27 @@ constexpr RowPlan kNew[] = {
 // The weight in registers (LayerRowWRegs): the fallback row of plans.h.
 constexpr RowPlan kRegs[] = {{2048, 1024, 1024, 2, 2, true}};
 // Forward rows: old = the two-pass policy on plans::kForward's rows; new =
-// LayerRow there with register caps (min_blocks) and on other shapes of row.
+// LayerRow, w and b read as x (W_AS_X, as the planner does where both are in
+// x's dtype, as here), on other shapes of row and with register caps
+// (min_blocks). At N = 1280-2560 the planned 128 x 2 row takes 47 registers
+// against RMSNorm's 40 (62.5% against 75% occupancy): a chunk a thread, a
+// cap of 12 blocks a SM (<= 40 registers) and a row sized to 2560 are tried.
 constexpr bool B = false;  // a block per step
 constexpr RowPlan kFwdOld[] = {
     {128, 64, 64, 2, 1, false, 1, B},    {256, 128, 128, 2, 1, false, 1, B},
     {512, 128, 128, 4, 1, false, 1, B},  {1024, 256, 256, 4, 1, false, 1, B},
     {2048, 512, 512, 4, 1, false, 1, B},
 };
-// (Caps of 10-24 blocks a SM on the small rows spilled and lost on the H200,
-// docs/h200/2026-12-01-20c7c90/run2-bench.log; they are not kept here, as
-// they exceed what sm_75 can hold resident.)
+// (Caps of 10-24 blocks a SM on the small rows spilled and lost on the H200
+// before W_AS_X, docs/h200/2026-12-01-20c7c90/run2-bench.log.)
 constexpr RowPlan kFwdNew[] = {
     {128, 64, 64, 2, 1, false, 1, B},          {128, 128, 32, 4, 1, false, 1, B},
-    {256, 128, 128, 2, 1, false, 1, B},        {512, 128, 128, 4, 1, false, 1, B},
-    {512, 128, 128, 4, 1, false, 1, B, 1, 8},  {1024, 256, 256, 4, 1, false, 1, B},
-    {1024, 256, 256, 4, 1, false, 1, B, 1, 4}, {2048, 512, 512, 4, 1, false, 1, B},
-    {2048, 512, 512, 4, 1, false, 1, B, 1, 2}, {2048, 1024, 1024, 2, 1, false, 1, B},
+    {128, 128, 128, 1, 1, false, 1, B},        {160, 160, 160, 1, 1, false, 1, B},
+    {160, 128, 128, 2, 1, false, 1, B, 1, 12}, {256, 128, 128, 2, 1, false, 1, B},
+    {256, 128, 128, 2, 1, false, 1, B, 1, 12}, {256, 256, 256, 1, 1, false, 1, B},
+    {320, 160, 160, 2, 1, false, 1, B, 1, 12}, {320, 320, 320, 1, 1, false, 1, B},
+    {512, 128, 128, 4, 1, false, 1, B},        {512, 256, 256, 2, 1, false, 1, B},
+    {1024, 256, 256, 4, 1, false, 1, B},       {2048, 512, 512, 4, 1, false, 1, B, 1, 2},
 };
 
 template <typename Row, const auto& T, std::size_t... I>
@@ -106,11 +111,11 @@ const void* bwd_kernel(int i, std::index_sequence<I...>) {
                                 T[I].bulk, T[I].min_blocks, Row>()...};
   return k[i];
 }
-template <typename Row, const auto& T, std::size_t... I>
+template <typename Row, const auto& T, bool W_AS_X, std::size_t... I>
 const void* fwd_kernel(int i, std::index_sequence<I...>) {
   static const void* const k[] = {
       rmsnorm::layer_fwd_kernel_for<X, X, T[I].block, T[I].group, T[I].chunks, 1, false,
-                                    T[I].min_blocks, Row>()...};
+                                    T[I].min_blocks, Row, W_AS_X>()...};
   return k[i];
 }
 
@@ -169,7 +174,7 @@ Plan bwd_chain(const void* fn, const RowPlan& p, bool w_shared, int64_t m, int n
                                     threads, 0, "colsum_gb"});
   } else {
     plan.calls.push_back(KernelCall{colsum(std::integral_constant<int, rmsnorm::kBothParts>{}),
-                                    nullptr, dim3(blocks.x, 2), threads, 0, "colsum_gw_gb"});
+                                    nullptr, blocks, threads, 0, "colsum_gw_gb"});
   }
   return plan;
 }
@@ -402,7 +407,7 @@ int check_section() {
                         bwd_kernel<rmsnorm::LayerRowTwoPass, kOld>(
                             old_i, std::make_index_sequence<std::size(kOld)>{}),
                         &kOld[old_i],
-                        fwd_kernel<rmsnorm::LayerRowTwoPass, kFwdOld>(
+                        fwd_kernel<rmsnorm::LayerRowTwoPass, kFwdOld, false>(
                             old_f, std::make_index_sequence<std::size(kFwdOld)>{}),
                         &kFwdOld[old_f]);
       const double e[4] = {err(o.y, ref.y), err(o.gx, ref.gx), err(o.gw, ref.gw),
@@ -735,7 +740,7 @@ int time_shape(const Options& opt, int64_t m, int n, std::vector<Result>& summar
       if (kFwdOld[k].max_nvec >= nvec) i = k;
     if (i >= 0)
       fwd_variant(std::string("ln fwd old ") + row_name(kFwdOld[i], true),
-                  fwd_plan(fwd_kernel<rmsnorm::LayerRowTwoPass, kFwdOld>(
+                  fwd_plan(fwd_kernel<rmsnorm::LayerRowTwoPass, kFwdOld, false>(
                                i, std::make_index_sequence<std::size(kFwdOld)>{}),
                            kFwdOld[i]));
     FwdArgs f = fwd_args(0);
@@ -744,7 +749,7 @@ int time_shape(const Options& opt, int64_t m, int n, std::vector<Result>& summar
       const RowPlan& p = kFwdNew[k];
       if (p.max_nvec < nvec || p.max_nvec >= 2 * nvec) continue;
       fwd_variant(std::string("ln fwd new ") + row_name(p, true),
-                  fwd_plan(fwd_kernel<rmsnorm::LayerRow, kFwdNew>(
+                  fwd_plan(fwd_kernel<rmsnorm::LayerRow, kFwdNew, true>(
                                k, std::make_index_sequence<std::size(kFwdNew)>{}),
                            p));
     }
