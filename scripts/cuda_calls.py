@@ -113,12 +113,12 @@ def scenarios(names):
 
     def decode(model_name, layers):
         """One greedy token per eval of a random-weight mlx-lm model (the
-        generation benchmark's shapes, mlx_rmsnorm/bench_generate.py), with
+        generation benchmark's shapes, mlx_rmsnorm/bench/generation.py), with
         `layers` decoder layers."""
         import importlib
 
         from mlx_lm.models import cache as kv_cache
-        from mlx_rmsnorm.bench_generate import MODELS
+        from mlx_rmsnorm.bench.generation import MODELS
         module_name, config = MODELS[model_name]
         module = importlib.import_module(f"mlx_lm.models.{module_name}")
         mx.random.seed(0)

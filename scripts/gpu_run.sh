@@ -27,7 +27,8 @@
 #                 SANITIZE_TIMEOUT, RACECHECK_ARGS)
 #   memory        scripts/memory_check.py: active memory flat over 10000 steps
 #   sweep         every mlx-lm architecture under the built-in, patch(), patch(fuse=True)
-#                 (SWEEP_ARGS: e.g. "--shard 1/2", one of two calls; --merge joins them)
+#                 (SWEEP_ARGS: e.g. "--shard 1/2", one of two calls; --merge joins them;
+#                 SWEEP_JOBS processes at once, default 8; SWEEP_LIMIT seconds, default 400)
 # Training and generation
 #   train         examples/train.py (the main job)
 #   transformer   examples/train_transformer.py (TRANSFORMER_PRECISIONS)
@@ -108,6 +109,9 @@ ensure_built() {
       && [ "${MLX_RMSNORM_CUDA_ARCHS:-}" = "$(cat "$PREBUILT/archs")" ]; then
     cp "$PREBUILT"/_ext.*.so "$PREBUILT"/_build_info.py mlx_rmsnorm/ || return 1
     export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+    # the .pth an install puts in site-packages (MLX_RMSNORM_PATCH), as ./run.sh writes it
+    python3 build_backend/mlx_rmsnorm_build.py --pth \
+      >"$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/mlx_rmsnorm_autopatch.pth" || return 1
     echo "the prebuilt extension of this tree (architectures $(cat "$PREBUILT/archs"))"
   elif why=$(python3 build_backend/dev_build.py up-to-date); then
     echo "the build of this tree is there"
@@ -209,7 +213,7 @@ run_memory() {
 
 run_sweep() {
   ensure_built || return 1
-  timeout -s INT -k 20 "$(cap 400)" python3 scripts/arch_sweep.py --out "$OUT/sweep" --no-progress --jobs "${SWEEP_JOBS:-8}" ${SWEEP_ARGS:-} 2>&1 \
+  timeout -s INT -k 20 "$(cap "${SWEEP_LIMIT:-400}")" python3 scripts/arch_sweep.py --out "$OUT/sweep" --no-progress --jobs "${SWEEP_JOBS:-8}" ${SWEEP_ARGS:-} 2>&1 \
     | tee "$OUT/sweep.log" | tail -30
   return "${PIPESTATUS[0]}"
 }
@@ -358,12 +362,13 @@ run_calls() {
   ensure_built || return 1
   timeout "$(cap 200)" python3 scripts/cuda_calls.py --out "$OUT/cuda-calls.txt" --scenarios \
     fwd1-1x1024,bwd1-8192x2048,bwd20-8192x1024,bwd20-8192x768,lnbwd20-8192x768,decode-qwen3-0.6b,decode-llama-3-8b,train-qwen3-0.6b,train-llama-8b-slice-frozen \
-    2>&1 | grep "^##"
+    2>&1 | tee /tmp/calls.log | grep "^##"
   local rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || tail -15 /tmp/calls.log
   # decode with the blocks' residual add fused, against patch() alone
   timeout "$(cap 120)" python3 scripts/cuda_calls.py --out "$OUT/cuda-calls-fuse.txt" --contenders plugin,fuse \
-    --scenarios decode-qwen3-0.6b,decode-llama-3-8b 2>&1 | grep "^##"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+    --scenarios decode-qwen3-0.6b,decode-llama-3-8b 2>&1 | tee /tmp/calls.log | grep "^##"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || { rc=1; tail -15 /tmp/calls.log; }
   return $rc
 }
 
