@@ -25,7 +25,12 @@ reproducible), ``patch`` (``patch()``), ``fuse`` (``patch(fuse=True)``) and
   noise in both). Where that fails, the built-in in float64 (on the CPU stream)
   decides: the mode matches if it is no more than ``FP64_SLACK`` (2) times as
   far from float64 as the built-in is (the built-in is itself further than
-  1e-5 from the exact value there); such quantities are listed (``*_by_fp64``);
+  1e-5 from the exact value there); such quantities are listed (``*_by_fp64``).
+  Where the built-in is not reproducible run to run (the gather / scatter
+  backwards of MoE models on a GPU), a quantity within ``NOISE_SLACK`` (2)
+  times the built-in's own run-to-run distance matches (``*_by_noise``).
+  Float32 matmuls run in float32 (``MLX_ENABLE_TF32=0``, unless set): TF32
+  would carry a norm's last-bit differences into 1e-4 of the next matmul;
 * bfloat16: the mode as close to float32 as the built-in is. Per quantity and
   token batch, r = rms_rel(mode, fp32 built-in) / rms_rel(bf16 built-in, fp32
   built-in), normwise (``||a - b|| / ||b||``). Over ``BF16_BATCHES`` (3) token
@@ -92,9 +97,17 @@ import traceback
 import typing
 from typing import Any, Callable, Optional
 
-import mlx.core as mx
-import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_unflatten
+# Float32 matmuls in float32: MLX runs them in TF32 on a GPU by default (read
+# once, at the first matmul), and a norm's rounding difference then comes out
+# of the next matmul up to ~1e-4 relative (H200, this sweep with TF32 on:
+# olmo_hybrid and qwen3_5, whose built-ins are reproducible, 4e-5 and 6.5e-5
+# in gradients), above FP32_TOL for reasons that are not the norm's. As the
+# test suite's conftest does; the workers inherit it.
+os.environ.setdefault("MLX_ENABLE_TF32", "0")
+
+import mlx.core as mx  # noqa: E402
+import mlx.nn as nn  # noqa: E402
+from mlx.utils import tree_flatten, tree_unflatten  # noqa: E402
 
 # The verdicts' lines (the module's docstring says how they are used). On the
 # CPU (MLX 0.32.4, mlx-lm 0.32.2, 121 models built) the worst seen with the
@@ -108,6 +121,7 @@ BF16_BATCHES = 3  # token batches in bfloat16
 BF16_NOISE = 0.25  # a quantity the bf16 built-in gets this wrong (normwise) has no bf16 value to keep
 FP32_GRAD_FLOOR = 1e-2  # of the model's largest gradient: below it a gradient's error is rounding
 FP64_SLACK = 2.0  # where the float64 built-in decides (see judge_fp32)
+NOISE_SLACK = 2.0  # where the built-in is not reproducible: of its own run-to-run distance
 BF16_FLOOR = 2.0**-8  # one bfloat16 ulp (relative): below it a ratio of errors means nothing
 MAX_PARAMS = 4_000_000  # a model above this was not made small: refused before allocating
 PERTURB = 0.1  # relative size of the noise added to every float parameter
@@ -748,13 +762,15 @@ def judge_fp32(q: dict, fp64_reference: Callable[[], dict]) -> dict:
     model's largest gradient). Where that fails, the float64 built-in decides:
     the mode matches if it is no more than FP64_SLACK times as far from it as
     the built-in (the built-in itself is further than FP32_TOL from the exact
-    value there)."""
+    value there). Before that, where the built-in's second run differs from
+    its first, a mode within NOISE_SLACK times that distance matches (counted
+    in ``*_by_noise``)."""
     out: dict[str, Any] = {}
     ref = q["builtin"]
     grads = [mx.max(mx.abs(v)).item() for k, v in ref.items() if k.startswith("grad:") and _valid(v) and v.size]
     g_floor = FP32_GRAD_FLOOR * max(grads, default=0.0)
     for mode in MODES:
-        errors, fails, by_fp64 = [], [], []
+        errors, fails, by_fp64, by_noise = [], [], [], []
         worst, worst_k, compared = 0.0, "", 0
         for k, b in ref.items():
             a = q[mode][k]
@@ -769,6 +785,13 @@ def judge_fp32(q: dict, fp64_reference: Callable[[], dict]) -> dict:
                 worst, worst_k = d, k
             if d <= FP32_TOL:
                 continue
+            # a built-in that is not reproducible run to run (gather / scatter
+            # backwards of MoE models on a GPU): its second run's distance is
+            # what rounding alone moves that quantity
+            b2 = q["builtin2"].get(k)
+            if _valid(b2) and d <= NOISE_SLACK * rel(b2, b, floor=g_floor if k.startswith("grad:") else 0.0):
+                by_noise.append(k)
+                continue
             t = fp64_reference().get(k)
             if _valid(t) and rel(a, t) <= FP64_SLACK * rel(b, t):
                 by_fp64.append(k)
@@ -780,6 +803,7 @@ def judge_fp32(q: dict, fp64_reference: Callable[[], dict]) -> dict:
         out[f"{mode}_worst_at"] = worst_k
         out[f"{mode}_fails"] = fails[:5]
         out[f"{mode}_by_fp64"] = by_fp64[:5]
+        out[f"{mode}_by_noise"] = len(by_noise)
         out[f"{mode}_error"] = errors[0] if errors else ""
         out[f"{mode}_errors"] = len(errors)
     return out
@@ -983,6 +1007,8 @@ def summary(rows: list[dict], dtypes: list[str]) -> dict:
                                      and not sum(r.get("patch_nodes", {}).values())),
             "decided_by_fp64": sorted(r["model"] for r in dr if r.get("patch_by_fp64")
                                       or r.get("fuse_by_fp64")),
+            "decided_by_noise": sorted(r["model"] for r in dr if r.get("patch_by_noise")
+                                       or r.get("fuse_by_noise")),
             "bf16_noise": sum(r.get("bf16_noise", 0) for r in dr),
             "builtin_not_reproducible": sum(not r.get("builtin_reproducible", True) for r in dr),
             "builtin_raises": sum(bool(r.get("builtin_note", "").startswith("built-in raises")) for r in dr),
@@ -1022,6 +1048,8 @@ def markdown(rows: list[dict], dtypes: list[str]) -> str:
             w = _fmt(r.get(f"{mode}_worst", 0.0))
             if r.get(f"{mode}_by_fp64"):
                 w += f" (fp64 decides {len(r[f'{mode}_by_fp64'])})"
+            if r.get(f"{mode}_by_noise"):
+                w += f" (built-in's own noise decides {r[f'{mode}_by_noise']})"
             if r["dtype"] != "float32":
                 w = f"{r.get(f'{mode}_gmean', 0.0):.2f}/{r.get(f'{mode}_worst', 0.0):.2f}"
             if r.get(f"{mode}_match") is None:
@@ -1072,6 +1100,9 @@ def markdown(rows: list[dict], dtypes: list[str]) -> str:
             extra.append(f"no plugin node under patch() (nothing compared): {', '.join(t['no_plugin_node'])}")
         if t["decided_by_fp64"]:
             extra.append(f"float64 decided (the built-in itself > 1e-5 off): {', '.join(t['decided_by_fp64'])}")
+        if t.get("decided_by_noise"):
+            extra.append("the built-in's own run-to-run distance decided (not reproducible): "
+                         f"{', '.join(t['decided_by_noise'])}")
         if t["bf16_noise"]:
             extra.append(f"{t['bf16_noise']} quantities left out as bf16 noise")
         if extra:

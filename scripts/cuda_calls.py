@@ -244,9 +244,9 @@ def report(name, res, evals, out, kernel_width=60, contenders=("builtin", "plugi
     for title, ks, width in (("API call", api, 44), ("kernel (GPU time)", kernels, kernel_width)):
         lines.append(f"{title:{width}} {nb + '/eval':>12} {np_ + '/eval':>12} {'us/eval b':>10} {'us/eval p':>10}")
         for k in ks:
-            (cb, nb), (cp, np_) = get(b, k), get(p, k)
-            lines.append(f"{k[:width]:{width}} {cb / evals:12.2f} {cp / evals:12.2f} "
-                         f"{nb / evals / 1e3:10.2f} {np_ / evals / 1e3:10.2f}")
+            (calls_b, ns_b), (calls_p, ns_p) = get(b, k), get(p, k)
+            lines.append(f"{k[:width]:{width}} {calls_b / evals:12.2f} {calls_p / evals:12.2f} "
+                         f"{ns_b / evals / 1e3:10.2f} {ns_p / evals / 1e3:10.2f}")
     text = "\n".join(lines)
     print(text, flush=True)
     out.write(text + "\n\n")

@@ -180,7 +180,7 @@ run_tests() {
   local f rc=0
   pytest_run tests.log 300 $XDIST -m "gpu and not bigmem" $(test_paths) || rc=1
   if [ -z "${TESTS:-}" ]; then
-    pytest_run tests-default-device.log 200 $XDIST -m "not bigmem" \
+    pytest_run tests-default-device.log 300 $XDIST -m "not bigmem" \
       $(for f in $DEFAULT_DEVICE_TESTS; do echo "$ROOT/tests/$f"; done) || rc=1
   fi
   return $rc
