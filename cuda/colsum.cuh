@@ -31,10 +31,9 @@ __global__ void __launch_bounds__(1024) colsum(const BwdArgs a) {
   const int col = blockIdx.x * COLS + threadIdx.x;
   // part p of this thread's sums is partial first_part + p
   const int first_part = PART == kBothParts ? 0 : PART;
-  const S* in = FINAL ? reinterpret_cast<const S*>(
-                            a.partials + (first_part ? (int64_t)a.partial_rows * n : 0))
-                      : static_cast<const S*>(a.naive_rows);
   const int64_t part_stride = FINAL ? (int64_t)a.partial_rows * n : 0;
+  const S* in = FINAL ? reinterpret_cast<const S*>(a.partials + first_part * part_stride)
+                      : static_cast<const S*>(a.naive_rows);
   const int64_t rows = FINAL ? a.partial_rows : a.rows;
   const int64_t per_slice = (rows + gridDim.y - 1) / gridDim.y;
   const int64_t begin = blockIdx.y * per_slice;

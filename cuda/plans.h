@@ -243,7 +243,11 @@ inline constexpr RowPlan kForwardOneWave[] = {
 //   registers, 59.0 us there (62.5% occupancy), 16384x8192 160 -> 131.7 us
 //   (RMS 127); through MLX 0.77-1.20x RMSNorm's forward at the training
 //   shapes, 1.20x at most (N = 1280), at or below 1.05x from N = 4096
-//   (docs/h200/2026-12-02-7410df2: profile-ln.log, bench-ln.log).
+//   (docs/h200/2026-12-02-7410df2: profile-ln.log, bench-ln.log). What is
+//   left at N = 1280-2560 is not residency: 128 x 2 capped at RMSNorm's 40
+//   registers (12 blocks a SM) ran as the 47-register row (16384x1280 31.6
+//   against 31.5 us, RMS 25.9) and a chunk a thread (160 / 256 / 320 x 1)
+//   lost (35.4-44.6 us; docs/h200/2026-12-02-1830c05/layer-norm-bench.log).
 // Rows past a table, and N not a multiple of a 16-byte vector, go to
 // mx.fast.layer_norm (the op decides before building the graph, layer_norm.cpp).
 // add_layer_norm (AddLayerRow) runs these rows, its forward uncapped
