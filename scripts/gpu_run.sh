@@ -27,8 +27,8 @@
 #                 SANITIZE_TIMEOUT, RACECHECK_ARGS)
 #   memory        scripts/memory_check.py: active memory flat over 10000 steps
 #   sweep         every mlx-lm architecture under the built-in, patch(), patch(fuse=True)
-#                 (SWEEP_ARGS: e.g. "--shard 1/2", one of two calls; --merge joins them;
-#                 SWEEP_JOBS processes at once, default 8; SWEEP_LIMIT seconds, default 400)
+#                 (SWEEP_ARGS: more arguments, e.g. "--models llama,gpt2"; SWEEP_JOBS
+#                 processes at once, default 8; SWEEP_LIMIT seconds, default 400)
 # Training and generation
 #   train         examples/train.py (the main job)
 #   transformer   examples/train_transformer.py (TRANSFORMER_PRECISIONS)
@@ -358,17 +358,26 @@ run_decode() {
   return "${PIPESTATUS[0]}"
 }
 
-run_calls() {
-  ensure_built || return 1
-  timeout "$(cap 200)" python3 scripts/cuda_calls.py --out "$OUT/cuda-calls.txt" --scenarios \
-    fwd1-1x1024,bwd1-8192x2048,bwd20-8192x1024,bwd20-8192x768,lnbwd20-8192x768,decode-qwen3-0.6b,decode-llama-3-8b,train-qwen3-0.6b,train-llama-8b-slice-frozen \
-    2>&1 | tee /tmp/calls.log | grep "^##"
+# cuda_calls LIMIT FILE ARGS...: scripts/cuda_calls.py into $OUT/FILE, its
+# scenario lines shown; a failed run's last lines too
+cuda_calls() {
+  local limit=$1 file=$2
+  shift 2
+  timeout "$(cap "$limit")" python3 scripts/cuda_calls.py --out "$OUT/$file" "$@" 2>&1 \
+    | tee /tmp/calls.log | grep "^##"
   local rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || tail -15 /tmp/calls.log
+  return "$rc"
+}
+
+run_calls() {
+  ensure_built || return 1
+  local rc=0
+  cuda_calls 200 cuda-calls.txt --scenarios \
+    fwd1-1x1024,bwd1-8192x2048,bwd20-8192x1024,bwd20-8192x768,lnbwd20-8192x768,decode-qwen3-0.6b,decode-llama-3-8b,train-qwen3-0.6b,train-llama-8b-slice-frozen \
+    || rc=1
   # decode with the blocks' residual add fused, against patch() alone
-  timeout "$(cap 120)" python3 scripts/cuda_calls.py --out "$OUT/cuda-calls-fuse.txt" --contenders plugin,fuse \
-    --scenarios decode-qwen3-0.6b,decode-llama-3-8b 2>&1 | tee /tmp/calls.log | grep "^##"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || { rc=1; tail -15 /tmp/calls.log; }
+  cuda_calls 120 cuda-calls-fuse.txt --contenders plugin,fuse --scenarios decode-qwen3-0.6b,decode-llama-3-8b || rc=1
   return $rc
 }
 

@@ -282,20 +282,13 @@ def test_grad_checkpoint_keeps_checkpointing(order, name, monkeypatch):
 
 CHECKPOINT_PEAKS_SCRIPT = """
 import json, sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {scripts!r}]
 import mlx.core as mx
 import mlx_rmsnorm
 from mlx_rmsnorm import _fuse
 from mlx_lm.tuner.trainer import grad_checkpoint
-from tiny_models import VOCAB, loss_and_grads, make
-
-def peak_mib(model, x, y):
-    loss_and_grads(model, x, y)  # one-time allocations (kernels, workspaces) first
-    mx.clear_cache()
-    mx.reset_peak_memory()
-    held = mx.get_active_memory()
-    loss_and_grads(model, x, y)
-    return (mx.get_peak_memory() - held) / 2**20
+from tiny_models import VOCAB, make
+from checkpoint_memory import peak_mib  # a step's peak, after one untimed step
 
 model = make({name!r})
 t = mx.random.randint(0, VOCAB, (16, 129), key=mx.random.key(1))
@@ -329,8 +322,9 @@ def test_grad_checkpoint_with_fuse_saves_the_memory_it_saves_unfused(name, tmp_p
     # would count. On the CPU: Qwen3-shaped 50.4 / 43.1 / 43.1 MiB (fused,
     # fused and checkpointed, checkpointed), gpt2-shaped 71.1 / 57.7 / 57.7.
     script = tmp_path / "peaks.py"
-    script.write_text(CHECKPOINT_PEAKS_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)),
-                                                     name=name))
+    tests = os.path.dirname(os.path.abspath(__file__))
+    script.write_text(CHECKPOINT_PEAKS_SCRIPT.format(
+        tests=tests, scripts=os.path.join(os.path.dirname(tests), "scripts"), name=name))
     env = dict(os.environ, MLX_MAX_OPS_PER_BUFFER="1")
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                          timeout=300)
