@@ -53,7 +53,7 @@
 #                 RMSNorm's at the same shapes (forward and backward, through MLX)
 #   decode        decode-step forwards under ncu (scripts/decode_kernels.py)
 #   calls         CUDA calls and kernel GPU time per eval (scripts/cuda_calls.py), and
-#                 at decode patch() against patch(fuse=True)
+#                 at decode patch() against patch(fuse=True) (CALLS_FUSE_ONLY=1: that only)
 #   host          host cost per call at decode shapes (scripts/host_overhead.py) and of a
 #                 decode step's graph with and without fuse (scripts/fuse_host_cost.py)
 #   minsize       host cost and generation, this build against one with nanobind's
@@ -373,7 +373,7 @@ cuda_calls() {
 run_calls() {
   ensure_built || return 1
   local rc=0
-  cuda_calls 200 cuda-calls.txt --scenarios \
+  [ -n "${CALLS_FUSE_ONLY:-}" ] || cuda_calls 200 cuda-calls.txt --scenarios \
     fwd1-1x1024,bwd1-8192x2048,bwd20-8192x1024,bwd20-8192x768,lnbwd20-8192x768,decode-qwen3-0.6b,decode-llama-3-8b,train-qwen3-0.6b,train-llama-8b-slice-frozen \
     || rc=1
   # decode with the blocks' residual add fused, against patch() alone
