@@ -386,35 +386,30 @@ def print_table(results):
 
 
 def bench_decode(name, args):
-    """ms per generated token (one mx.eval per token, KV cache, greedy), the
-    three variants interleaved round by round; each round decodes
-    --decode tokens after a 128-token prompt."""
-    from mlx_lm.models.cache import make_prompt_cache
+    """ms per generated token (one mx.eval per token, KV cache, greedy) after a
+    128-token prompt, through the generation benchmark's loop
+    (mlx_rmsnorm/bench/generation.py): each variant on its own KV cache, the
+    variants taking the tokens in turn, the order rotating every token. (One
+    variant's --decode tokens after another's put the machine's drift between
+    them: that gave fuse 3-8% behind patch() where token-by-token turns give
+    it level.)"""
+    from types import SimpleNamespace
+
+    from mlx_rmsnorm.bench import generation
 
     model, _ = build_model(name, args.vocab, args.quick, frozen=False)
-    prompt = mx.random.randint(0, args.vocab, (1, 16 if args.quick else 128), key=mx.random.key(3))
-    per_token = {v: [] for v, _, _ in VARIANTS}
-    for r in range(args.rounds + 1):
-        for variant, plugin, fuse in VARIANTS:
-            set_variant(plugin, fuse)
-            cache = make_prompt_cache(model)
-            logits = model(prompt, cache=cache)
-            mx.eval(logits)
-            t0 = time.perf_counter()
-            for _ in range(args.decode):
-                y = mx.argmax(logits[:, -1], axis=-1)
-                logits = model(y[:, None], cache=cache)
-                mx.eval(logits)
-            if r:  # the first round warms up
-                per_token[variant].append(1e3 * (time.perf_counter() - t0) / args.decode)
-    mlx_rmsnorm.unpatch()
+    opts = SimpleNamespace(vocab=args.vocab, quick=args.quick, rounds=args.rounds,
+                           prompt=16 if args.quick else 128, tokens=args.decode)
+    rounds, _ = generation.bench(name, opts, generation._NoProgress(), model=model)
+    per_token = {v: [1e3 * step for _, step in rounds[v]] for v, _, _ in VARIANTS}  # the same names
     return dict(model=name, tokens=args.decode, ms_per_token=per_token)
 
 
 def print_decode(res):
     ms = res["ms_per_token"]
-    print(f"\n{res['model']} decode, ms per token over {res['tokens']} tokens (median [min-max] of "
-          f"rounds): " + "; ".join(f"{v} {spread(ms[v], fmt='{:.3f}')}" for v, _, _ in VARIANTS))
+    print(f"\n{res['model']} decode, ms per token, {res['tokens']} tokens a round (median [min-max] "
+          f"over rounds of each round's median token): "
+          + "; ".join(f"{v} {spread(ms[v], fmt='{:.3f}')}" for v, _, _ in VARIANTS))
     ratio = [a / b for a, b in zip(ms["mlx_rmsnorm"], ms["fuse"])]
     ratio_b = [a / b for a, b in zip(ms["mx.fast"], ms["fuse"])]
     print(f"  plugin / fuse {spread(ratio, fmt='{:.3f}')}; built-in / fuse {spread(ratio_b, fmt='{:.3f}')}")

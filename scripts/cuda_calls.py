@@ -14,8 +14,11 @@ calls), or by hand:
 Prints, per scenario, ms per eval and the calls per eval of each contender
 (both columns, the API functions where they differ first), the host time
 spent inside those calls, and every kernel's GPU time per eval (CUPTI
-activity records). The callbacks cost host time themselves: read the
-counts and the GPU times here, and take wall times from the benchmarks. The built-in is MLX's own mx.fast.rms_norm; the
+activity records). The callbacks cost host time themselves, and a
+contender's evals run as one block after the other's (the machine's drift
+falls between them): read the counts and the GPU times here, and take wall
+times from the benchmarks (decode: python -m mlx_rmsnorm.bench --generate,
+which rotates the contenders every token). The built-in is MLX's own mx.fast.rms_norm; the
 plugin is the same code under mlx_rmsnorm.patch().
 """
 
@@ -127,17 +130,19 @@ def scenarios(names):
         model.set_dtype(mx.bfloat16)
         mx.eval(model.parameters())
         prompt = mx.random.randint(0, 32768, (1, 64))
-        state = {}
+        states = {}  # a KV cache per contender: each decodes at the same lengths
 
-        def reset():
+        def reset(state):
             state["cache"] = kv_cache.make_prompt_cache(model)
             logits = model(prompt, cache=state["cache"])
             state["tok"] = mx.argmax(logits[:, -1], axis=-1, keepdims=True)
             mx.eval(state["tok"])
 
         def step():
+            import mlx_rmsnorm
+            state = states.setdefault((mlx_rmsnorm.is_patched(), mlx_rmsnorm.is_fused()), {})
             if "cache" not in state or state["cache"][0].offset > 512:
-                reset()
+                reset(state)
             logits = model(state["tok"], cache=state["cache"])
             state["tok"] = mx.argmax(logits[:, -1], axis=-1, keepdims=True)
             mx.eval(state["tok"])

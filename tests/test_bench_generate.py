@@ -20,12 +20,16 @@ def test_quick_run_writes_rows(tmp_path, capsys):
     rows = list(csv.DictReader(open(tmp_path / "generate.csv")))
     # toys are called toys: the quick models are not Qwen3-0.6B and Llama-3-8B
     assert [(r["model"], r["phase"]) for r in rows] == [
-        (f"{arch} toy, 2 layers, hidden 64", p) for arch in ("qwen3", "llama")
+        (f"{arch} toy, 2 layers, hidden 64", p) for arch in ("qwen3", "llama", "gpt2")
         for p in ("prefill", "decode")]
     for r in rows:
-        assert 0 < float(r["builtin_min"]) <= float(r["builtin_ms"]) <= float(r["builtin_max"])
-        assert 0 < float(r["ours_min"]) <= float(r["ours_ms"]) <= float(r["ours_max"])
-        assert float(r["ratio_min"]) <= float(r["ratio"]) <= float(r["ratio_max"])
+        for key in ("builtin", "ours", "fuse"):
+            assert 0 < float(r[f"{key}_min"]) <= float(r[f"{key}_ms"]) <= float(r[f"{key}_max"])
+        for key in ("ratio", "fuse_ratio", "fuse_vs_ours"):
+            assert float(r[f"{key}_min"]) <= float(r[key]) <= float(r[f"{key}_max"])
+        # the per-round ratios are those of the rows' own rounds: their
+        # medians sit within the spread of the medians' quotient's factors
+        assert float(r["fuse_vs_ours_min"]) <= float(r["ours_max"]) / float(r["fuse_min"])
     out = capsys.readouterr().out
     assert "greedy tokens:" in out and "qwen3 toy, 2 layers, hidden 64 decode" in out
     assert not is_patched()  # the benchmark leaves the process as it found it
@@ -48,6 +52,7 @@ def test_unknown_model():
 def test_full_size_labels_are_the_model_names():
     assert generation.label("qwen3-0.6b", quick=False) == "qwen3-0.6b"
     assert generation.label("llama-3-8b", quick=True) == "llama toy, 2 layers, hidden 64"
+    assert generation.label("gpt2-medium", quick=True) == "gpt2 toy, 2 layers, hidden 64"
 
 
 def test_runs_as_a_module(tmp_path):

@@ -3,7 +3,7 @@ mx.fast.rms_norm, with mlx_rmsnorm.patch() and with patch(fuse=True), in
 interleaved rounds in one process.
 
     python -m mlx_rmsnorm.bench --generate [--quick] [--out DIR]
-    python -m mlx_rmsnorm.bench.generation [--models qwen3-0.6b,llama-3-8b]
+    python -m mlx_rmsnorm.bench.generation [--models qwen3-0.6b,llama-3-8b,gpt2-medium]
         [--rounds 7] [--prompt 2048] [--tokens 64] [--vocab 32768] [--quick]
 
 What mlx-lm's generate does, without its sampler and detokenizer: the prompt
@@ -12,6 +12,8 @@ per token. Random weights in bf16, nothing downloaded:
   qwen3-0.6b   Qwen3-0.6B's shape: hidden 1024, 28 layers, 16/8 heads of 128
                (QK-norm: 4 norm calls a layer), tied embeddings
   llama-3-8b   Llama-3-8B's shape: hidden 4096, 32 layers, 32/8 heads, 14336
+  gpt2-medium  GPT-2 medium's shape: hidden 1024, 24 layers, 16 heads, LayerNorm
+               with weight and bias (fuse: add_layer_norm), positions to 4096
 The vocabulary is --vocab (the real ones are 151936 and 128256): it sizes
 only the embedding and the head, which the norm never sees. --quick (what
 `python -m mlx_rmsnorm.bench` runs on a CPU) builds toy models of the same two
@@ -26,8 +28,8 @@ decode in turn, one token each, the order rotating every token (the machine's
 drift, which moved a Llama token between 6.8 and 8.0 ms from one stretch of
 seconds to the next, then falls on all of them alike). A row gives ms (median
 [min-max] over rounds of each round's figure: the prefill, the median decode
-step) and the ratios built-in / plugin and built-in / fused (median [min-max]
-of per-round ratios). The greedy tokens of every contender and round must be
+step) and the ratios built-in / plugin, built-in / fused and plugin / fused
+(median [min-max] of per-round ratios). The greedy tokens of every contender and round must be
 the built-in's first round's; where they part, the built-in's margin between
 its two best logits at that step must be within bf16 rounding (a near-tie),
 or the run fails.
@@ -53,6 +55,9 @@ MODELS = {
         model_type="llama", hidden_size=4096, num_hidden_layers=32, intermediate_size=14336,
         num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5,
         max_position_embeddings=8192, tie_word_embeddings=False, rope_theta=500000.0)),
+    "gpt2-medium": ("gpt2", dict(
+        model_type="gpt2", n_ctx=1024, n_embd=1024, n_head=16, n_layer=24,
+        n_positions=4096, layer_norm_epsilon=1e-5)),
 }
 # --quick: the same code paths at sizes a CPU runs in seconds
 QUICK_SHAPES = {
@@ -60,6 +65,7 @@ QUICK_SHAPES = {
                        num_attention_heads=4, num_key_value_heads=2, head_dim=16),
     "llama-3-8b": dict(hidden_size=64, num_hidden_layers=2, intermediate_size=160,
                        num_attention_heads=4, num_key_value_heads=2),
+    "gpt2-medium": dict(n_embd=64, n_layer=2, n_head=4),
 }
 # (name, patch(), fuse): the built-in, patch(), patch(fuse=True) (the
 # residual add fused into the norm, mlx_rmsnorm/_fuse.py)
@@ -75,8 +81,9 @@ def label(name, quick):
     if not quick:
         return name
     shape = QUICK_SHAPES[name]
-    return (f"{MODELS[name][0]} toy, {shape['num_hidden_layers']} layers, "
-            f"hidden {shape['hidden_size']}")
+    layers = shape.get("num_hidden_layers", shape.get("n_layer"))
+    hidden = shape.get("hidden_size", shape.get("n_embd"))
+    return f"{MODELS[name][0]} toy, {layers} layers, hidden {hidden}"
 
 
 def build_model(name, vocab, quick):
@@ -131,16 +138,18 @@ def check_tokens(reference, margins, tokens, label):
     return None
 
 
-def bench(name, args, progress):
+def bench(name, args, progress, model=None):
     """{variant: [(prefill s, median decode step s)] a round}, and where the
-    greedy tokens parted at near-ties. In a round each contender prefills its
+    greedy tokens parted at near-ties; ``model``: one built by the caller
+    (examples/bench_train_step.py --decode) instead of MODELS[name]. In a round each contender prefills its
     own KV cache, then the contenders decode token by token in turn (the
     order rotating every token), each on its own cache: a round's figures
     are taken over the same seconds of the machine's drift, so the per-round
     ratios compare like with like."""
     import mlx_rmsnorm
 
-    model = build_model(name, args.vocab, args.quick)
+    if model is None:
+        model = build_model(name, args.vocab, args.quick)
     prompt = mx.random.randint(0, args.vocab, (args.prompt,), key=mx.random.key(1))
     mx.eval(prompt)
     rounds = {v: [] for v, _, _ in VARIANTS}
@@ -221,20 +230,22 @@ def main(argv=None):
             for key, r in (("builtin", b), ("ours", o), ("fuse", f)):
                 v = [x[i] * 1e3 for x in r]
                 row.update({f"{key}_ms": statistics.median(v), f"{key}_min": min(v), f"{key}_max": max(v)})
-            # each round's plugin (or fused) figure against the built-in's of that round
-            for key, r in (("ratio", o), ("fuse_ratio", f)):
-                v = [bb[i] / oo[i] for bb, oo in zip(b, r)]
+            # each round's plugin (or fused) figure against the built-in's of that
+            # round, and the fused one against patch()'s
+            for key, base, r in (("ratio", b, o), ("fuse_ratio", b, f), ("fuse_vs_ours", o, f)):
+                v = [bb[i] / oo[i] for bb, oo in zip(base, r)]
                 row.update({key: statistics.median(v), f"{key}_min": min(v), f"{key}_max": max(v)})
             row["tokens_parted_at"] = min(parted) if parted else ""
             rows.append(row)
     progress.close()
     width = max(len(r["model"]) for r in rows)
     print(f"\n{'model':{width}} {'phase':8} {'mx.fast ms':>24} {'patch() ms':>24} {'built-in/ours':>22} "
-          f"{'patch(fuse=True) ms':>24} {'built-in/fuse':>22}")
+          f"{'patch(fuse=True) ms':>24} {'built-in/fuse':>22} {'patch()/fuse':>22}")
     for r in rows:
         cell = lambda k: spread(r[k], r[k.replace("_ms", "") + "_min"], r[k.replace("_ms", "") + "_max"])
         print(f"{r['model']:{width}} {r['phase']:8} {cell('builtin_ms'):>24} {cell('ours_ms'):>24} "
-              f"{cell('ratio'):>22} {cell('fuse_ms'):>24} {cell('fuse_ratio'):>22}")
+              f"{cell('ratio'):>22} {cell('fuse_ms'):>24} {cell('fuse_ratio'):>22} "
+              f"{cell('fuse_vs_ours'):>22}")
     parted = [r for r in rows if r["tokens_parted_at"] != ""]
     print("greedy tokens: " + ("the same in every round" if not parted else
           "; ".join(f"{r['model']} parted at a near-tie, step {r['tokens_parted_at']}" for r in parted[::2])))
