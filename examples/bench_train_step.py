@@ -389,10 +389,9 @@ def bench_decode(name, args):
     """ms per generated token (one mx.eval per token, KV cache, greedy) after a
     128-token prompt, through the generation benchmark's loop
     (mlx_rmsnorm/bench/generation.py): each variant on its own KV cache, the
-    variants taking the tokens in turn, the order rotating every token. (One
-    variant's --decode tokens after another's put the machine's drift between
-    them: that gave fuse 3-8% behind patch() where token-by-token turns give
-    it level.)"""
+    variants taking the tokens in turn, the order rotating every token (one
+    variant's --decode tokens after another's would put the machine's drift
+    between them)."""
     from types import SimpleNamespace
 
     from mlx_rmsnorm.bench import generation
