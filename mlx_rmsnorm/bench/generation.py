@@ -198,19 +198,23 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m mlx_rmsnorm.bench.generation", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS), help=f"comma list from {','.join(MODELS)}")
-    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (+1 warm-up)")
-    p.add_argument("--prompt", type=int, default=2048, help="prompt tokens (one prefill eval)")
-    p.add_argument("--tokens", type=int, default=64, help="decode steps a round")
-    p.add_argument("--vocab", type=int, default=32768)
-    p.add_argument("--quick", action="store_true", help="tiny models, a few tokens (CI, CPU)")
+    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (+1 warm-up; 7, --quick 2)")
+    p.add_argument("--prompt", type=int, default=None, help="prompt tokens (one prefill eval; 2048, --quick 32)")
+    p.add_argument("--tokens", type=int, default=None, help="decode steps a round (64, --quick 4)")
+    p.add_argument("--vocab", type=int, default=None, help="(32768, --quick 256)")
+    p.add_argument("--quick", action="store_true", help="tiny models, a few tokens (CI, CPU); "
+                   "the options above, where given, still apply")
     p.add_argument("--out", default="bench-results", help="folder for the CSV")
     args = p.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in models if m not in MODELS]
     if bad:
         raise SystemExit(f"unknown model(s) {bad}; choose from {list(MODELS)}")
-    if args.quick:
-        args.rounds, args.prompt, args.tokens, args.vocab = min(args.rounds, 2), 32, 4, 256
+    defaults = dict(rounds=2, prompt=32, tokens=4, vocab=256) if args.quick else \
+        dict(rounds=7, prompt=2048, tokens=64, vocab=32768)
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     device = mx.default_device()
     print(f"generation: device {device}, bf16, prompt {args.prompt} tokens in one eval, "
           f"{args.tokens} greedy tokens one eval each, {args.rounds} interleaved rounds (+1 warm-up)")
