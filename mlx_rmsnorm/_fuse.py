@@ -72,9 +72,8 @@ def reset_counts() -> None:
 # fingerprint()'s results by function (the functions the entries check: a
 # few dozen, kept alive here), with the code object each was taken from:
 # patch(fuse=True) after unpatch() checks every entry again, and reading and
-# hashing their sources each time took 8 ms (2-core CPU) and slowed the call
-# that followed it (a decode token of a 2-block toy gpt2: 2.9 ms against 1.9
-# for patch(), its switch taking 0.01 ms).
+# hashing their sources each time took 6.8 ms (2-core CPU) and slowed the
+# call that followed it (docs/NOTES.md, Fused residual add).
 _fingerprints: dict[Any, tuple[Any, Optional[str]]] = {}
 
 
