@@ -400,7 +400,8 @@ def bench_decode(name, args):
     opts = SimpleNamespace(vocab=args.vocab, quick=args.quick, rounds=args.rounds,
                            prompt=16 if args.quick else 128, tokens=args.decode)
     rounds, _ = generation.bench(name, opts, generation._NoProgress(), model=model)
-    per_token = {v: [1e3 * step for _, step in rounds[v]] for v, _, _ in VARIANTS}  # the same names
+    # (this file's VARIANTS carry the generation benchmark's names)
+    per_token = {v: [1e3 * step for _, step in rounds[v]] for v, _, _ in VARIANTS}
     return dict(model=name, tokens=args.decode, ms_per_token=per_token)
 
 

@@ -9,9 +9,11 @@ the step; the default device.
     python scripts/checkpoint_memory.py [--models qwen3,gpt2] [--tokens 16x128]
 
 On a GPU the peak also follows where MLX cuts the step into CUDA graphs (a
-graph is committed every 100 nodes or 1000 MB, and what its nodes free is
-reused only after that): MLX_MAX_OPS_PER_BUFFER=1 in the environment commits
-every node, so that the peak follows which arrays are alive.
+graph is committed every 100 nodes or 1000 MB, and a graph's inputs are
+freed only after it has run): MLX_MAX_OPS_PER_BUFFER=1 in the environment
+commits every node. Even then the peak moves with how far the host runs
+ahead of the GPU (the load of the machine); on the CPU device it follows
+which arrays are alive.
 """
 
 from __future__ import annotations

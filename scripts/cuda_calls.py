@@ -139,7 +139,6 @@ def scenarios(names):
             mx.eval(state["tok"])
 
         def step():
-            import mlx_rmsnorm
             state = states.setdefault((mlx_rmsnorm.is_patched(), mlx_rmsnorm.is_fused()), {})
             if "cache" not in state or state["cache"][0].offset > 512:
                 reset(state)

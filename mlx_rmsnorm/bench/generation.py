@@ -14,10 +14,10 @@ per token. Random weights in bf16, nothing downloaded:
   llama-3-8b   Llama-3-8B's shape: hidden 4096, 32 layers, 32/8 heads, 14336
   gpt2-medium  GPT-2 medium's shape: hidden 1024, 24 layers, 16 heads, LayerNorm
                with weight and bias (fuse: add_layer_norm), positions to 4096
-The vocabulary is --vocab (the real ones are 151936 and 128256): it sizes
-only the embedding and the head, which the norm never sees. --quick (what
-`python -m mlx_rmsnorm.bench` runs on a CPU) builds toy models of the same two
-architectures instead, 2 layers of hidden 64, and labels them so ("qwen3 toy,
+The vocabulary is --vocab (the real ones are 151936, 128256 and 50257): it
+sizes only the embedding and the head, which the norm never sees. --quick
+(what `python -m mlx_rmsnorm.bench` runs on a CPU) builds toy models of the
+same architectures instead, 2 layers of hidden 64, and labels them so ("qwen3 toy,
 2 layers, hidden 64"): the same code paths in seconds, no figure of the real
 models.
 
@@ -29,8 +29,8 @@ drift, which moved a Llama token between 6.8 and 8.0 ms from one stretch of
 seconds to the next, then falls on all of them alike). A row gives ms (median
 [min-max] over rounds of each round's figure: the prefill, the median decode
 step) and the ratios built-in / plugin, built-in / fused and plugin / fused
-(median [min-max] of per-round ratios). The greedy tokens of every contender and round must be
-the built-in's first round's; where they part, the built-in's margin between
+(median [min-max] of per-round ratios). The greedy tokens of every contender
+and round must be the built-in's first round's; where they part, the built-in's margin between
 its two best logits at that step must be within bf16 rounding (a near-tie),
 or the run fails.
 """
@@ -141,8 +141,8 @@ def check_tokens(reference, margins, tokens, label):
 def bench(name, args, progress, model=None):
     """{variant: [(prefill s, median decode step s)] a round}, and where the
     greedy tokens parted at near-ties; ``model``: one built by the caller
-    (examples/bench_train_step.py --decode) instead of MODELS[name]. In a round each contender prefills its
-    own KV cache, then the contenders decode token by token in turn (the
+    (examples/bench_train_step.py --decode) instead of MODELS[name]. In a
+    round each contender prefills its own KV cache, then the contenders decode token by token in turn (the
     order rotating every token), each on its own cache: a round's figures
     are taken over the same seconds of the machine's drift, so the per-round
     ratios compare like with like."""
