@@ -111,3 +111,30 @@ def test_a_wrong_norm_is_caught(routed, monkeypatch):
     assert mx.fast.rms_norm is builtin
     assert r["patch_match"] is False and r["patch_worst"] > arch_sweep.FP32_TOL, _describe(r)
     assert r["fuse_match"] is True and r["unpatch_bitwise"] is True, _describe(r)
+
+
+def test_bf16_control_does_not_excuse_a_wrong_norm(routed, monkeypatch):
+    """In bfloat16 a mode that fails runs the exact-norm control; a norm 2%
+    off stays a mismatch (the control is near the built-in, the mode is not),
+    while a mode that is the exact norm itself would match by the control."""
+    builtin = mx.fast.rms_norm
+    real_set_mode = arch_sweep.set_mode
+
+    def set_mode(mode):
+        real_set_mode(mode)
+        if mode == "patch":
+            mx.fast.rms_norm = lambda x, w, eps: builtin(x, w, eps) * (1 + 2e-2)
+        elif mode == "fuse":
+            mx.fast.rms_norm = arch_sweep._exact_rms_norm
+
+    monkeypatch.setattr(arch_sweep, "set_mode", set_mode)
+    monkeypatch.setattr(arch_sweep, "BF16_MEAN", 0.5)  # so that the exact norm fails the line
+    try:
+        (r,) = arch_sweep.sweep_model("llama", ["bfloat16"])
+    finally:
+        mlx_rmsnorm.unpatch()
+    assert mx.fast.rms_norm is builtin
+    assert r["exact_gmean"] > 0, _describe(r)
+    assert r["patch_match"] is False and not r.get("patch_by_control"), _describe(r)
+    assert r["patch_gmean"] > arch_sweep.CONTROL_SLACK * r["exact_gmean"], _describe(r)
+    assert r["fuse_match"] is True and r.get("fuse_by_control"), _describe(r)
