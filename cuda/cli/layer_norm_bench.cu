@@ -63,18 +63,29 @@ constexpr RowPlan kOld[] = {
 // without doubling it). block / group > 1: several rows a step, whose gw and
 // gb partials the block adds before storing one row of each.
 constexpr RowPlan kNew[] = {
+    // N <= 768: 3 chunks of a warp
+    {96, 96, 32, 3, 2, true},
     // N <= 1024
     {128, 128, 32, 4, 2, true}, {128, 128, 32, 4, 2, false}, {128, 256, 64, 2, 2, true},
+    {128, 128, 64, 2, 2, true}, {128, 256, 32, 4, 2, true},
+    // N <= 1280: 160 vectors (a block of 5 warps a row, or 3 rows of 2 warps x 3 chunks)
+    {160, 160, 160, 1, 2, true}, {160, 320, 160, 1, 2, true}, {192, 192, 64, 3, 2, true},
     // N <= 2048
     {256, 128, 128, 2, 2, true}, {256, 256, 128, 2, 2, true}, {256, 256, 128, 2, 2, false},
-    {256, 512, 128, 2, 2, true, 1, true, 1, 2},
-    // N <= 3072
+    {256, 512, 128, 2, 2, true, 1, true, 1, 2}, {256, 256, 64, 4, 2, true},
+    {256, 256, 128, 2, 3, true},
+    // N <= 2560 / 3072
+    {320, 160, 160, 2, 2, true}, {320, 320, 160, 2, 2, true},
     {384, 192, 192, 2, 2, false}, {384, 192, 192, 2, 2, true}, {384, 384, 192, 2, 2, false},
+    {384, 384, 192, 2, 2, true}, {384, 128, 128, 3, 2, true}, {384, 192, 192, 2, 3, true},
     // N <= 4096
     {512, 256, 256, 2, 2, true}, {512, 256, 256, 2, 3, true}, {512, 512, 256, 2, 2, true},
+    // N <= 5120 (640 vectors)
+    {640, 320, 320, 2, 2, false}, {640, 320, 320, 2, 2, true}, {640, 320, 320, 2, 3, true},
+    {640, 160, 160, 4, 2, true}, {640, 640, 320, 2, 2, true},
     // N <= 8192
     {1024, 256, 256, 4, 2, true}, {1024, 512, 256, 4, 2, true},
-    {1024, 512, 512, 2, 2, true, 1, true, 1, 2},
+    {1024, 512, 512, 2, 2, true, 1, true, 1, 2}, {1024, 512, 512, 2, 3, true},
     // N <= 16384
     {2048, 512, 512, 4, 2, true}, {2048, 1024, 1024, 2, 2, true},
 };
@@ -834,7 +845,8 @@ int main(int argc, char** argv) {
   // The LayerNorm table's shapes (rows x hidden).
   const std::pair<int64_t, int> shapes[] = {
       {8192, 768},  {8192, 1024}, {16384, 1280}, {8192, 2048},  {8192, 2880},
-      {8192, 4096}, {16384, 4096}, {4096, 8192}, {16384, 8192}, {8192, 16384}};
+      {8192, 4096}, {16384, 4096}, {4096, 8192}, {16384, 8192}, {8192, 16384},
+      {8192, 2560}, {8192, 5120}};
   std::printf("\n%-12s %-44s %8s %6s %7s %s\n", "shape", "what", "us", "GB/s", "%ceil",
               "check");
   std::vector<Result> summary;
