@@ -206,13 +206,19 @@ inline constexpr RowPlan kForwardOneWave[] = {
 //     N <= 1024: a warp a row, 4 rows a step, 123 registers, 4 blocks a SM
 //       (528 units): 8192x768 17.9 us (RMS 17.4), 8192x1024 21.5 (RMS 20.4);
 //       the RMSNorm row 128 x 1 took 24.7 / 27.7 (1320 units).
+//     N <= 1536: 3 rows a step of 64 x 3 (396 units): 16384x1280 45.5 (RMS
+//       45.4) against 49.1 for the N <= 2048 row; 4 rows of 64 x 4 45.6, a
+//       block of 160 x 1 a row 58.0.
 //     N <= 2048: 2 rows a step of 128 x 2 (396 units): 16384x1280 49.6 (RMS
 //       45.1), 8192x2048 36.8 (RMS 32.0); a block a row of 128 x 2 (924
 //       units) 51.7 / 39.1, RMSNorm's 256 x 1 71.4 / 47.1.
-//     N <= 3072: 192 x 2, per-thread copies: 8192x2880 52.4 (RMS 42.5); with
-//       the N <= 4096 row 56.9, two rows a step (384 x 2) 52.3.
+//     N <= 3072: 128 x 3, bulk: 8192x2880 50.1 (RMS 42.6), 8192x2560 46.7
+//       (RMS 39.3); 192 x 2 with per-thread copies, before, 52.0 / 47.6; the
+//       N <= 4096 row 55.9 / 54.3.
 //     N <= 4096: 256 x 2, bulk, three stages: 8192x4096 61.0 (RMS 60.9),
 //       16384x4096 111.1 (RMS 115.8); two stages 61.9 / 114.4.
+//     N <= 5120: 160 x 4, bulk: 8192x5120 75.2 (RMS 68.0); RMSNorm's 320 x 2
+//       row, before, 81.2, with three stages 76.3.
 //     N <= 8192: 256 x 4 (123 registers, 2 blocks a SM): 4096x8192 64.5
 //       (RMS 58.5), 16384x8192 207.0 (RMS 206.8); RMSNorm's 512 x 2 capped
 //       at 64 registers 67.2 / 224.8, uncapped (81 registers, 1 block a SM)
@@ -222,6 +228,8 @@ inline constexpr RowPlan kForwardOneWave[] = {
 //   Before (two passes, RMSNorm's rows with 1024 x 1 x 3 stages at N = 8192,
 //   two column-sum launches): 24.8, 28.8, 67.8, 46.4, 68.6, 75.6, 136.3,
 //   84.5, 295.0, 274.9 us at the shapes above in that order.
+//   (The rows of N <= 1536, 3072 and 5120: the standalone bench,
+//   cuda/cli/layer_norm_bench, docs/h200/2026-12-02-bfea2ae/layer-norm-bench.log.)
 //   Where the stages and the weight do not fit a block (16-bit x, fp32 g
 //   past N = 8192) the weight stays in registers (kLayerBackwardWRegs*:
 //   8192x16384 bf16 269.8 us, 64 registers and 32 bytes of stack).
@@ -256,10 +264,11 @@ inline constexpr RowPlan kLayerBackwardSm90[] = {
     kBackwardSm90[0], kBackwardSm90[1], kBackwardSm90[2], kBackwardSm90[3],
     kBackwardSm90[4],                   // N <= 512 bf16: RMSNorm's rows
     {128, 128, 32, 4, 2, true},         // N <= 1024: a warp a row, 4 rows a step
+    {192, 192, 64, 3, 2, true},         // N <= 1536: 3 rows a step of 64 x 3
     {256, 256, 128, 2, 2, true},        // N <= 2048: 2 rows a step of 128 x 2
-    {384, 192, 192, 2, 2},              // N <= 3072
+    {384, 128, 128, 3, 2, true},        // N <= 3072
     {512, 256, 256, 2, 3, true},        // N <= 4096
-    kBackwardSm90[8],                   // N <= 5120: RMSNorm's row (not measured)
+    {640, 160, 160, 4, 2, true},        // N <= 5120
     {1024, 256, 256, 4, 2, true},       // N <= 8192
     kBackwardSm90[10],                  // N <= 16384: RMSNorm's row
 };
@@ -267,8 +276,9 @@ inline constexpr RowPlan kLayerBackwardSm90[] = {
 inline constexpr RowPlan kLayerBackwardSm80[] = {
     kBackwardSm80[0], kBackwardSm80[1], kBackwardSm80[2], kBackwardSm80[3],
     kBackwardSm80[4],
-    {128, 128, 32, 4, 2},  {256, 256, 128, 2, 2}, {384, 192, 192, 2, 2},
-    {512, 256, 256, 2, 3}, kBackwardSm80[8],      {1024, 256, 256, 4, 2},
+    {128, 128, 32, 4, 2},  {192, 192, 64, 3, 2},  {256, 256, 128, 2, 2},
+    {384, 128, 128, 3, 2}, {512, 256, 256, 2, 3}, {640, 160, 160, 4, 2},
+    {1024, 256, 256, 4, 2},
     kBackwardSm80[10],
 };
 inline constexpr RowPlan kLayerBackwardWRegsSm90[] = {{2048, 1024, 1024, 2, 2, true}};
