@@ -159,12 +159,15 @@ def _builtin_stream() -> bool:
 
 
 def _why_not(block: Any, block_cls: type, norm: Any, norm_cls: type, norm_call: Callable) -> Optional[str]:
-    """Why this call cannot run fused (None: it can)."""
+    """Why this call cannot run fused (None: it can). The rewrites test the
+    same four conditions inline first and call this only to name the reason:
+    a decode token is host-bound and calls every block, so the fused path's
+    Python costs what a token costs (docs/NOTES.md, Fused residual add)."""
     if type(block) is not block_cls:
         return "block subclass"
     if type(norm) is not norm_cls:
         return "norm class"
-    if norm_cls.__dict__.get("__call__") is not norm_call:
+    if getattr(norm_cls, "__call__", None) is not norm_call:
         return "norm __call__ replaced"
     if _builtin_stream():
         return "cpu stream (built-in)"
@@ -186,13 +189,15 @@ def _pre_norm_block(mod: Any, original: Callable, state: _Installed, cls: type) 
         if not state.active:
             return original(self, x, mask, cache)
         norm = self.post_attention_layernorm
-        why = _why_not(self, cls, norm, nn.RMSNorm, _nn_rms_norm_call)
-        if why is not None:
-            _fallback(why)
+        if (type(self) is not cls or type(norm) is not nn.RMSNorm
+                or getattr(nn.RMSNorm, "__call__", None) is not _nn_rms_norm_call or _builtin_stream()):
+            _fallback(_why_not(self, cls, norm, nn.RMSNorm, _nn_rms_norm_call))
             return original(self, x, mask, cache)
         _counts["fused"] += 1
         r = self.self_attn(self.input_layernorm(x), mask, cache)
-        y, h = _ext.add_rms_norm(x, r, norm.weight, norm.eps)
+        # norm["weight"]: what nn.RMSNorm.__call__ reads (norm.weight goes
+        # through nn.Module.__getattr__, a Python call)
+        y, h = _ext.add_rms_norm(x, r, norm["weight"], norm.eps)
         return h + self.mlp(y)
 
     return __call__
@@ -222,7 +227,7 @@ def _gemma_block(mod: Any, original: Callable, state: _Installed, cls: type) -> 
             return original(self, x, mask, cache)
         _counts["fused"] += 1
         r = self.self_attn(self.input_layernorm(x), mask, cache)
-        y, h = _ext.add_rms_norm(x, r, norm.weight, norm.eps, offset=1.0)
+        y, h = _ext.add_rms_norm(x, r, norm["weight"], norm.eps, offset=1.0)
         return h + self.mlp(y)
 
     return __call__
@@ -245,7 +250,7 @@ def _gemma2_block(mod: Any, original: Callable, state: _Installed, cls: type) ->
             return original(self, x, mask, cache)
         _counts["fused"] += 1
         r = self.self_attn(self.input_layernorm(x), mask, cache)
-        y, h = _ext.add_rms_norm(x, self.post_attention_layernorm(r), norm.weight, norm.eps, offset=1.0)
+        y, h = _ext.add_rms_norm(x, self.post_attention_layernorm(r), norm["weight"], norm.eps, offset=1.0)
         # (gemma3_text's clip_residual is this add outside float16)
         return h + self.post_feedforward_layernorm(self.mlp(y))
 
@@ -269,11 +274,13 @@ def _layer_norm_block(attn: str, ln1: str, ln2: str, parallel: bool = False,
         def fused(self, x, mask, cache):
             if type(self) is not cls:
                 why: Optional[str] = "block subclass"
-            elif parallel and self.use_parallel_residual:
+            elif parallel and self.use_parallel_residual:  # (then there is no ln2)
                 why = "parallel residual"
             else:
                 norm = getattr(self, ln2)
-                why = _why_not(self, cls, norm, nn.LayerNorm, _nn_layer_norm_call)
+                why = None if (type(norm) is nn.LayerNorm and not _builtin_stream() and
+                               getattr(nn.LayerNorm, "__call__", None) is _nn_layer_norm_call) \
+                    else _why_not(self, cls, norm, nn.LayerNorm, _nn_layer_norm_call)
             if why is not None:
                 _fallback(why)
                 return original(self, x, mask, cache)
@@ -282,8 +289,8 @@ def _layer_norm_block(attn: str, ln1: str, ln2: str, parallel: bool = False,
                 r = getattr(self, attn)(getattr(self, ln1)(x), mask=mask, cache=cache)
             else:
                 r = getattr(self, attn)(getattr(self, ln1)(x), mask, cache)
-            y, h = _ext.add_layer_norm(x, r, norm.weight if "weight" in norm else None,
-                                       norm.bias if "bias" in norm else None, norm.eps)
+            # weight and bias where the norm has them, as nn.LayerNorm passes them
+            y, h = _ext.add_layer_norm(x, r, norm.get("weight"), norm.get("bias"), norm.eps)
             return h + getattr(self, mlp)(y)
 
         if defaults:
