@@ -104,6 +104,27 @@ def test_tree_hash_follows_sources_and_ignores_caches(tmp_path, monkeypatch):
     assert d.tree_hash() != first
 
 
+def test_tree_hash_leaves_out_the_command_line_tools(tmp_path, monkeypatch):
+    # cuda/cli is built only top-level or with MLX_RMSNORM_BUILD_CLI: an edit
+    # there does not make the extension (or a prebuilt one) stale, unless the
+    # build is asked for the tools.
+    d = _dev_build()
+    for name in ("CMakeLists.txt", "cuda/k.cu", "cuda/cli/bench.cu"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    monkeypatch.setattr(d, "ROOT", tmp_path)
+    monkeypatch.delenv("CMAKE_ARGS", raising=False)
+    first = d.tree_hash()
+    (tmp_path / "cuda" / "cli" / "bench.cu").write_text("changed")
+    assert d.tree_hash() == first
+    (tmp_path / "cuda" / "k.cu").write_text("changed")
+    assert d.tree_hash() != first
+    monkeypatch.setenv("CMAKE_ARGS", "-DMLX_RMSNORM_BUILD_CLI=ON")
+    with_cli = d.tree_hash()
+    (tmp_path / "cuda" / "cli" / "bench.cu").write_text("changed again")
+    assert d.tree_hash() != with_cli
+
+
 def test_stamp_follows_mlx_and_build_settings(monkeypatch):
     d = _dev_build()
     info = {"version": "0.32.4", "flavor": "cpu", "backend_version": "0.32.4", "mlx_root": "/m", "python": "/p"}
