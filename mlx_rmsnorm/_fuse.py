@@ -159,15 +159,12 @@ def _builtin_stream() -> bool:
 
 
 def _why_not(block: Any, block_cls: type, norm: Any, norm_cls: type, norm_call: Callable) -> Optional[str]:
-    """Why this call cannot run fused (None: it can). The rewrites test the
-    same four conditions inline first and call this only to name the reason:
-    a decode token is host-bound and calls every block, so the fused path's
-    Python costs what a token costs (docs/NOTES.md, Fused residual add)."""
+    """Why this call cannot run fused (None: it can)."""
     if type(block) is not block_cls:
         return "block subclass"
     if type(norm) is not norm_cls:
         return "norm class"
-    if getattr(norm_cls, "__call__", None) is not norm_call:
+    if norm_cls.__dict__.get("__call__") is not norm_call:
         return "norm __call__ replaced"
     if _builtin_stream():
         return "cpu stream (built-in)"
@@ -189,9 +186,9 @@ def _pre_norm_block(mod: Any, original: Callable, state: _Installed, cls: type) 
         if not state.active:
             return original(self, x, mask, cache)
         norm = self.post_attention_layernorm
-        if (type(self) is not cls or type(norm) is not nn.RMSNorm
-                or getattr(nn.RMSNorm, "__call__", None) is not _nn_rms_norm_call or _builtin_stream()):
-            _fallback(_why_not(self, cls, norm, nn.RMSNorm, _nn_rms_norm_call))
+        why = _why_not(self, cls, norm, nn.RMSNorm, _nn_rms_norm_call)
+        if why is not None:
+            _fallback(why)
             return original(self, x, mask, cache)
         _counts["fused"] += 1
         r = self.self_attn(self.input_layernorm(x), mask, cache)
@@ -278,9 +275,7 @@ def _layer_norm_block(attn: str, ln1: str, ln2: str, parallel: bool = False,
                 why = "parallel residual"
             else:
                 norm = getattr(self, ln2)
-                why = None if (type(norm) is nn.LayerNorm and not _builtin_stream() and
-                               getattr(nn.LayerNorm, "__call__", None) is _nn_layer_norm_call) \
-                    else _why_not(self, cls, norm, nn.LayerNorm, _nn_layer_norm_call)
+                why = _why_not(self, cls, norm, nn.LayerNorm, _nn_layer_norm_call)
             if why is not None:
                 _fallback(why)
                 return original(self, x, mask, cache)

@@ -7,11 +7,8 @@ time:
   fuse               the blocks rewritten (_fuse.py), the fused add_rms_norm
   fuse, composed     the rewritten blocks with the fused op replaced by its
                      composition (MLX's add, then the patched rms_norm)
-  fuse, no counting  the rewritten blocks without their per-call counting
-                     (the checks are inline in the rewrites since 51de3f3 and
-                     cannot be taken away from here: scripts/fuse_block_cost.py
-                     times a block's rewrite, checks included, against the
-                     original)
+  fuse, no checks    the rewritten blocks without their per-call checks
+                     (_fuse._why_not) and counting
 
 The variants decode token by token in turn, each on its own KV cache, the
 order rotating every token (the generation benchmark's loop); a row is the
@@ -38,7 +35,7 @@ from mlx_rmsnorm.bench.generation import build_model
 from checkpoint_memory import composed_add_layer_norm, composed_add_rms_norm  # noqa: E402
 
 
-SAVED = (_ext.add_rms_norm, _ext.add_layer_norm, _fuse._counts)
+SAVED = (_ext.add_rms_norm, _ext.add_layer_norm, _fuse._why_not, _fuse._counts)
 
 
 class _NoCount(dict):
@@ -50,16 +47,17 @@ class _NoCount(dict):
 
 
 def use(variant: str) -> None:
-    _ext.add_rms_norm, _ext.add_layer_norm, _fuse._counts = SAVED
+    _ext.add_rms_norm, _ext.add_layer_norm, _fuse._why_not, _fuse._counts = SAVED
     mlx_rmsnorm.unpatch()
     mlx_rmsnorm.patch(fuse=variant != "patch()")
     if variant == "fuse, composed":
         _ext.add_rms_norm, _ext.add_layer_norm = composed_add_rms_norm, composed_add_layer_norm
-    elif variant == "fuse, no counting":
+    elif variant == "fuse, no checks":
+        _fuse._why_not = lambda *a: None
         _fuse._counts = _NoCount()
 
 
-VARIANTS = ("patch()", "fuse", "fuse, composed", "fuse, no counting")
+VARIANTS = ("patch()", "fuse", "fuse, composed", "fuse, no checks")
 
 
 def main() -> None:

@@ -6,10 +6,7 @@ Variants interleaved, median per round, median [min-max] over rounds.
 
     python3 scripts/fuse_host_cost.py [--rounds 7] [--steps 100] [--profile]
 --profile adds cProfile's count of Python calls per block call and the time
-in _fuse._why_not, per variant (since 51de3f3 the rewrites test their
-conditions inline and call it only to name a fallback's reason, so a fused
-block spends none there; scripts/fuse_block_cost.py times a block's rewrite,
-checks included, against the original). (The fused
+of the fused block's own checks (_fuse._why_not), per variant. (The fused
 op alone against MLX's add + our rms_norm, to build and to evaluate:
 scripts/host_overhead.py, rows "add+norm ours" and "fused add ours".)
 By hand, on the GPU machine or a CPU one (on the CPU the plugin is routed
@@ -90,6 +87,6 @@ if args.profile:
         stats = pstats.Stats(prof)
         checks = sum(v[3] for k, v in stats.stats.items() if k[2] == "_why_not")
         print(f"  {name:18s} {stats.total_calls / 1000:.0f} Python calls a block call, "
-              f"{stats.total_tt / 1000 * 1e6:.1f} us under cProfile, of which "
-              f"_why_not {checks / 1000 * 1e6:.2f} us")
+              f"{stats.total_tt / 1000 * 1e6:.1f} us under cProfile, of which the fused "
+              f"block's checks {checks / 1000 * 1e6:.2f} us")
     mlx_rmsnorm.unpatch()
