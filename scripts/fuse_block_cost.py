@@ -4,18 +4,19 @@ the adds and the rewrite's own Python (its checks, its counting, the fused
 op's call). A decode token is host-bound and runs every block, so this is
 what patch(fuse=True) adds to a token's build, block by block.
 
-Both run under patch(fuse=True) (the original is the function the rewrite
-replaced); the CPU stream is routed to the plugin, as the tests route it.
+The block is the first of the generation benchmark's toy model (--quick
+sizes: hidden 64). Both run under patch(fuse=True) (the original is the
+function the rewrite replaced); the CPU stream is routed to the plugin, as
+the tests route it.
 Timings interleave in a random order; the best of them is the figure to
 read (the 2-core development machine's medians move by 20-40%).
 
-    python3 scripts/fuse_block_cost.py [--model qwen3|gpt2] [--rounds 80]
+    python3 scripts/fuse_block_cost.py [--model qwen3-0.6b|llama-3-8b|gpt2-medium] [--rounds 80]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import random
 import statistics
 import timeit
@@ -25,14 +26,7 @@ import mlx.nn as nn
 
 import mlx_rmsnorm
 from mlx_rmsnorm import _fuse, _patching
-
-TINY = {
-    "qwen3": dict(model_type="qwen3", hidden_size=64, num_hidden_layers=1, intermediate_size=128,
-                  num_attention_heads=4, rms_norm_eps=1e-6, vocab_size=256, num_key_value_heads=2,
-                  max_position_embeddings=4096, rope_theta=1e6, head_dim=16, tie_word_embeddings=True),
-    "gpt2": dict(model_type="gpt2", n_ctx=1024, n_embd=64, n_head=4, n_layer=1, n_positions=1024,
-                 layer_norm_epsilon=1e-5, vocab_size=256),
-}
+from mlx_rmsnorm.bench.generation import MODELS, build_model
 
 
 class Identity(nn.Module):
@@ -42,22 +36,19 @@ class Identity(nn.Module):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=sorted(TINY), default="qwen3")
+    p.add_argument("--model", choices=sorted(MODELS), default="qwen3-0.6b")
     p.add_argument("--rounds", type=int, default=80)
     p.add_argument("--number", type=int, default=1000, help="calls a timing")
     a = p.parse_args()
     _patching.route_cpu(True)
     mlx_rmsnorm.patch(fuse=True)
-    mod = importlib.import_module(f"mlx_lm.models.{a.model}")
-    block = mod.TransformerBlock(mod.ModelArgs(**TINY[a.model]))
-    block.set_dtype(mx.bfloat16)
+    block = build_model(a.model, 256, quick=True).layers[0]
     for name in ("self_attn", "attn", "mlp"):
         if name in block:
             setattr(block, name, Identity())
-    mx.eval(block.parameters())
     x = mx.ones((1, 1, 64), mx.bfloat16)
     mx.eval(x)
-    rewrite = mod.TransformerBlock.__call__
+    rewrite = type(block).__call__
     variants = {"original": rewrite.__wrapped__, "rewrite": rewrite}
     _fuse.reset_counts()
     rewrite(block, x)
