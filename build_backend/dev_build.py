@@ -46,19 +46,16 @@ def _mlx_env():
     return module
 
 
-# The command-line tools (benches, tuners) are not part of the extension:
-# cuda/CMakeLists.txt builds them only as the top-level project or with
-# MLX_RMSNORM_BUILD_CLI, so an edit of one does not make the extension stale
-# (nor a prebuilt one: scripts/device_prebuild.sh keys it by this hash).
-CLI = ("cuda", "cli")
-
-
 def tree_hash() -> str:
     """sha256 of the build inputs: each file's path and contents."""
     h = hashlib.sha256()
     files = []
+    # The command-line tools (benches, tuners) are not part of the extension:
+    # cuda/CMakeLists.txt builds them only as the top-level project or with
+    # MLX_RMSNORM_BUILD_CLI, so an edit of one does not make the extension
+    # stale (nor a prebuilt one: scripts/device_prebuild.sh keys it by this hash).
     with_cli = "MLX_RMSNORM_BUILD_CLI" in os.environ.get("CMAKE_ARGS", "")
-    cli = ROOT.joinpath(*CLI)
+    cli = ROOT / "cuda" / "cli"
     for name in INPUTS:
         path = ROOT / name
         if path.is_dir():
