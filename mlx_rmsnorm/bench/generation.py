@@ -73,6 +73,8 @@ VARIANTS = (("mx.fast", False, False), ("mlx_rmsnorm", True, False), ("fuse", Tr
 # Two logits within this of each other are a tie at bf16 resolution (8 bits
 # of mantissa: 2^-7 relative at logits of magnitude ~1-4).
 TIE = 0.05
+# --switch round: tokens each contender decodes untimed after its switch
+WARM_TOKENS = 2
 
 
 def label(name, quick):
@@ -157,6 +159,7 @@ def bench(name, args, progress, model=None):
     parted = []
     k = len(VARIANTS)
     rotated = lambda i: [VARIANTS[(i + j) % k] for j in range(k)]
+    switch = getattr(args, "switch", "round")
     for r in range(args.rounds + 1):  # the first round warms up
         state = {}
         for variant, plugin, fuse in rotated(r):
@@ -164,15 +167,25 @@ def bench(name, args, progress, model=None):
             seconds, cache, logits, tok = prefill(model, prompt)
             state[variant] = dict(prefill=seconds, cache=cache, logits=logits, tok=tok,
                                   steps=[], tokens=[], margins=[])
-        for i in range(args.tokens):
-            for variant, plugin, fuse in rotated(r + i):
-                st = state[variant]
-                top2 = mx.topk(st["logits"].astype(mx.float32), 2, axis=-1)
-                st["tokens"].append(st["tok"].item())
-                st["margins"].append(abs((top2[0, 1] - top2[0, 0]).item()))
-                _use(plugin, fuse)
-                seconds, st["logits"], st["tok"] = decode_step(model, st["cache"], st["tok"])
+        def step(variant, timed):
+            st = state[variant]
+            top2 = mx.topk(st["logits"].astype(mx.float32), 2, axis=-1)
+            st["tokens"].append(st["tok"].item())
+            st["margins"].append(abs((top2[0, 1] - top2[0, 0]).item()))
+            seconds, st["logits"], st["tok"] = decode_step(model, st["cache"], st["tok"])
+            if timed:
                 st["steps"].append(seconds)
+
+        if switch == "token":
+            for i in range(args.tokens):
+                for variant, plugin, fuse in rotated(r + i):
+                    _use(plugin, fuse)
+                    step(variant, True)
+        else:
+            for variant, plugin, fuse in rotated(r):
+                _use(plugin, fuse)
+                for i in range(WARM_TOKENS + args.tokens):
+                    step(variant, i >= WARM_TOKENS)
         for variant, _, _ in VARIANTS:
             st = state[variant]
             if reference is None:
@@ -204,6 +217,8 @@ def main(argv=None):
     p.add_argument("--vocab", type=int, default=None, help="(32768, --quick 256)")
     p.add_argument("--quick", action="store_true", help="tiny models, a few tokens (CI, CPU); "
                    "the options above, where given, still apply")
+    p.add_argument("--switch", choices=("round", "token"), default="round",
+                   help="contenders take turns once a round (default) or before every token")
     p.add_argument("--out", default="bench-results", help="folder for the CSV")
     args = p.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
