@@ -43,6 +43,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import os
 import textwrap
 import threading
 import warnings
@@ -158,16 +159,29 @@ def _builtin_stream() -> bool:
     return not _cpu_plugin and mx.default_device() == mx.cpu
 
 
-def _why_not(block: Any, block_cls: type, norm: Any, norm_cls: type, norm_call: Callable) -> Optional[str]:
+# Blocks of fewer rows (tokens in the batch) than this run their own code: a
+# decode step. There the fused op saves no bandwidth worth having (a row or
+# a few) and the whole token came out 2.8-4.5% slower fused than with the
+# block's own code under patch(), while the rewrite with the add and the
+# norm as two ops was level (H200, 2048-token prompt; docs/NOTES.md, Fused
+# residual add). Tests set it to 0 to fuse their small inputs
+# (MLX_RMSNORM_FUSE_MIN_ROWS).
+MIN_ROWS = int(os.environ.get("MLX_RMSNORM_FUSE_MIN_ROWS", "64"))
+
+
+def _why_not(block: Any, block_cls: type, norm: Any, norm_cls: type, norm_call: Callable,
+             x: mx.array) -> Optional[str]:
     """Why this call cannot run fused (None: it can)."""
     if type(block) is not block_cls:
         return "block subclass"
     if type(norm) is not norm_cls:
         return "norm class"
-    if norm_cls.__dict__.get("__call__") is not norm_call:
+    if norm_cls.__call__ is not norm_call:  # (norm_cls's own: type(norm) is norm_cls)
         return "norm __call__ replaced"
     if _builtin_stream():
         return "cpu stream (built-in)"
+    if x.size < MIN_ROWS * x.shape[-1]:
+        return "few rows (decode)"
     return None
 
 
@@ -186,7 +200,7 @@ def _pre_norm_block(mod: Any, original: Callable, state: _Installed, cls: type) 
         if not state.active:
             return original(self, x, mask, cache)
         norm = self.post_attention_layernorm
-        why = _why_not(self, cls, norm, nn.RMSNorm, _nn_rms_norm_call)
+        why = _why_not(self, cls, norm, nn.RMSNorm, _nn_rms_norm_call, x)
         if why is not None:
             _fallback(why)
             return original(self, x, mask, cache)
@@ -218,7 +232,7 @@ def _gemma_block(mod: Any, original: Callable, state: _Installed, cls: type) -> 
         if not state.active:
             return original(self, x, mask, cache)
         norm = self.post_attention_layernorm
-        why = _why_not(self, cls, norm, mod.RMSNorm, _norm_call(mod))
+        why = _why_not(self, cls, norm, mod.RMSNorm, _norm_call(mod), x)
         if why is not None:
             _fallback(why)
             return original(self, x, mask, cache)
@@ -239,7 +253,7 @@ def _gemma2_block(mod: Any, original: Callable, state: _Installed, cls: type) ->
         if not state.active:
             return original(self, x, mask, cache)
         norm = self.pre_feedforward_layernorm
-        why = _why_not(self, cls, norm, mod.RMSNorm, _norm_call(mod))
+        why = _why_not(self, cls, norm, mod.RMSNorm, _norm_call(mod), x)
         if why is None and x.dtype == mx.float16:
             why = "float16 (clip_residual)"
         if why is not None:
@@ -275,7 +289,7 @@ def _layer_norm_block(attn: str, ln1: str, ln2: str, parallel: bool = False,
                 why = "parallel residual"
             else:
                 norm = getattr(self, ln2)
-                why = _why_not(self, cls, norm, nn.LayerNorm, _nn_layer_norm_call)
+                why = _why_not(self, cls, norm, nn.LayerNorm, _nn_layer_norm_call, x)
             if why is not None:
                 _fallback(why)
                 return original(self, x, mask, cache)

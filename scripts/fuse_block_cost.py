@@ -42,6 +42,7 @@ def main() -> None:
     a = p.parse_args()
     _patching.route_cpu(True)
     mlx_rmsnorm.patch(fuse=True)
+    _fuse.MIN_ROWS = 0  # the fused path at a decode step's one row (it would run the original)
     block = build_model(a.model, 256, quick=True).layers[0]
     for name in ("self_attn", "attn", "mlp"):
         if name in block:

@@ -4,27 +4,26 @@ mx.eval, and their sum, for variants that take one thing away from fuse at a
 time:
 
   patch()            the plugin's norms, MLX's adds
-  fuse               the blocks rewritten (_fuse.py), the fused add_rms_norm
-  fuse, composed     the rewritten blocks with the fused op replaced by its
-                     composition (MLX's add, then the patched rms_norm)
-  fuse, no checks    the rewritten blocks without their per-call checks
-                     (_fuse._why_not) and counting
-  patch(), class written
-                     patch(), with one attribute of the model's block class
-                     written before every token: what a switch to or from
-                     fuse does to the interpreter (a class's attributes
-                     changed), and nothing else
+  fuse               patch(fuse=True) as it ships: blocks of fewer than
+                     _fuse.MIN_ROWS rows (a decode step) run their own code
+  fuse, op at decode the rewritten blocks at every row count (MIN_ROWS 0),
+                     the fused add_rms_norm
+  fuse, composed     the same with the fused op replaced by its composition
+                     (MLX's add, then the patched rms_norm)
+  fuse, no checks    the same without the per-call checks (_fuse._why_not)
+                     and counting
 
 --switch token: the variants decode token by token in turn, each on its own
 KV cache, the order rotating every token, so every token follows an
 unpatch() and a patch() (the generation benchmark's loop until it changed).
---switch round (default): each variant decodes its tokens in one run, after
+--batch B decodes B sequences at once (B rows a block). --switch round (default): each variant decodes its tokens in one run, after
 one switch and two untimed tokens, the variants' order rotating every round
 (what a user runs: patch() once). A row is the median [min-max] over rounds
 of each round's median token. A Qwen3-0.6B- or gpt2-medium-shaped model with
 random bf16 weights (the generation benchmark's MODELS).
 
     python3 scripts/fuse_decode_split.py [--model qwen3-0.6b] [--rounds 5] [--tokens 48] [--switch round]
+        [--batch 1] [--variants "patch();fuse"]
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ from mlx_rmsnorm.bench.generation import build_model
 from checkpoint_memory import composed_add_layer_norm, composed_add_rms_norm  # noqa: E402
 
 
-SAVED = (_ext.add_rms_norm, _ext.add_layer_norm, _fuse._why_not, _fuse._counts)
+SAVED = (_ext.add_rms_norm, _ext.add_layer_norm, _fuse._why_not, _fuse._counts, _fuse.MIN_ROWS)
 
 
 class _NoCount(dict):
@@ -55,9 +54,11 @@ class _NoCount(dict):
 
 
 def use(variant: str) -> None:
-    _ext.add_rms_norm, _ext.add_layer_norm, _fuse._why_not, _fuse._counts = SAVED
+    _ext.add_rms_norm, _ext.add_layer_norm, _fuse._why_not, _fuse._counts, _fuse.MIN_ROWS = SAVED
     mlx_rmsnorm.unpatch()
-    mlx_rmsnorm.patch(fuse=not variant.startswith("patch()"))
+    mlx_rmsnorm.patch(fuse=variant != "patch()")
+    if variant not in ("patch()", "fuse"):
+        _fuse.MIN_ROWS = 0
     if variant == "fuse, composed":
         _ext.add_rms_norm, _ext.add_layer_norm = composed_add_rms_norm, composed_add_layer_norm
     elif variant == "fuse, no checks":
@@ -65,7 +66,7 @@ def use(variant: str) -> None:
         _fuse._counts = _NoCount()
 
 
-VARIANTS = ("patch()", "fuse", "fuse, composed", "fuse, no checks", "patch(), class written")
+VARIANTS = ("patch()", "fuse", "fuse, op at decode", "fuse, composed", "fuse, no checks")
 
 
 def main() -> None:
@@ -78,29 +79,31 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="toy model (CPU)")
     p.add_argument("--switch", choices=("token", "round"), default="round",
                    help="switch variants before every token, or once a round")
+    p.add_argument("--batch", type=int, default=1, help="sequences decoded at once")
+    p.add_argument("--variants", default=";".join(VARIANTS), help="a ;-separated list, patch() first")
     a = p.parse_args()
+    variants = [v.strip() for v in a.variants.split(";")]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or variants[0] != "patch()":
+        raise SystemExit(f"--variants: a ;-separated list of {VARIANTS}, patch() first")
     from mlx_lm.models.cache import make_prompt_cache
 
     if mx.default_device() == mx.cpu:
         _patching.route_cpu(True)  # there the blocks fuse only when routed (as the tests run them)
     model = build_model(a.model, a.vocab, a.quick)
-    prompt = mx.random.randint(0, a.vocab, (1, a.prompt), key=mx.random.key(1))
-    k = len(VARIANTS)
-    rows = {v: {"build": [], "eval": [], "token": []} for v in VARIANTS}
+    prompt = mx.random.randint(0, a.vocab, (a.batch, a.prompt), key=mx.random.key(1))
+    k = len(variants)
+    rows = {v: {"build": [], "eval": [], "token": []} for v in variants}
     for r in range(a.rounds + 1):  # the first round warms up
         state = {}
-        for v in VARIANTS:
+        for v in variants:
             use(v)
             cache = make_prompt_cache(model)
             tok = mx.argmax(model(prompt, cache=cache)[:, -1], axis=-1)
             mx.eval(tok)
             state[v] = dict(cache=cache, tok=tok, build=[], eval=[])
-        block_cls = type(model.layers[0])
-
         def token(v: str) -> None:
             st = state[v]
-            if v == "patch(), class written":
-                block_cls._mlx_rmsnorm_probe = time.perf_counter()  # a class attribute write, nothing else
             t0 = time.perf_counter()
             tok = mx.argmax(model(st["tok"][:, None], cache=st["cache"])[:, -1], axis=-1)
             t1 = time.perf_counter()
@@ -113,12 +116,12 @@ def main() -> None:
         if a.switch == "token":
             for i in range(a.tokens):
                 for j in range(k):
-                    v = VARIANTS[(r + i + j) % k]
+                    v = variants[(r + i + j) % k]
                     use(v)
                     token(v)
         else:
             for j in range(k):
-                v = VARIANTS[(r + j) % k]
+                v = variants[(r + j) % k]
                 use(v)
                 for _ in range(2):  # untimed: the interpreter settles after the switch
                     token(v)
@@ -126,22 +129,20 @@ def main() -> None:
                 for _ in range(a.tokens):
                     token(v)
         if r:
-            for v in VARIANTS:
+            for v in variants:
                 st = state[v]
                 rows[v]["build"].append(statistics.median(st["build"]))
                 rows[v]["eval"].append(statistics.median(st["eval"]))
                 rows[v]["token"].append(statistics.median([b + e for b, e in zip(st["build"], st["eval"])]))
     use("patch()")
     mlx_rmsnorm.unpatch()
-    if hasattr(type(model.layers[0]), "_mlx_rmsnorm_probe"):
-        del type(model.layers[0])._mlx_rmsnorm_probe
     print(f"device {mx.default_device()}, {a.model}{' (toy)' if a.quick else ''}, {a.tokens} tokens "
-          f"a round after a {a.prompt}-token prompt, {a.rounds} rounds, variants switched every {a.switch}; "
+          f"(batch {a.batch}) a round after a {a.prompt}-token prompt, {a.rounds} rounds, variants switched every {a.switch}; "
           "us, median [min-max] over rounds")
     cell = lambda xs: f"{statistics.median(xs) * 1e6:8.1f} [{min(xs) * 1e6:.1f}-{max(xs) * 1e6:.1f}]"
     print(f"{'variant':22} {'build':>24} {'eval':>24} {'token':>24} {'token / patch() token':>22}")
     base = rows["patch()"]["token"]
-    for v in VARIANTS:
+    for v in variants:
         ratio = [t / b for t, b in zip(rows[v]["token"], base)]
         print(f"{v:22} {cell(rows[v]['build']):>24} {cell(rows[v]['eval']):>24} {cell(rows[v]['token']):>24} "
               f"{statistics.median(ratio):8.3f} [{min(ratio):.3f}-{max(ratio):.3f}]")

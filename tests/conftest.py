@@ -19,6 +19,10 @@ os.environ.setdefault("MLX_RMSNORM_ROUTE_CPU", "1")
 # at 1e-5; they need the matmuls the CPU has. (The distributed tests set it
 # for their ranks the same way.)
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
+# patch(fuse=True) runs a block's own code below 64 rows (a decode step); the
+# suite's tiny inputs fuse at every row count, so that the fused path is the
+# one tested. test_fuse_safety tests the row limit itself.
+os.environ.setdefault("MLX_RMSNORM_FUSE_MIN_ROWS", "0")
 
 import mlx_rmsnorm  # noqa: E402
 

@@ -489,6 +489,34 @@ def test_cpu_stream_default_runs_the_builtin_and_the_original_blocks():
         mlx_rmsnorm.route_cpu(was)
 
 
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_few_rows_run_the_blocks_own_code(name, monkeypatch):
+    """Below MIN_ROWS rows (a decode step) a block runs its own code, bit for
+    bit what patch() alone computes; from MIN_ROWS up it fuses."""
+    monkeypatch.setattr(_fuse, "MIN_ROWS", 48)  # the tokens' 3 x 16 rows
+    model = make(name)
+    x, _ = tokens()
+    for rows, fused in ((x[:1, :5], False), (x[:2, :12], False), (x, True)):
+        _fuse.reset_counts()
+        want, got = patched_and_fused(model, rows)
+        n = len(model.layers)
+        if fused:
+            assert _fuse.counts() == {"fused": n}
+            assert mx.allclose(got, want, rtol=1e-5, atol=1e-5)
+        else:
+            assert _fuse.counts() == {"fallback:few rows (decode)": n}
+            assert mx.array_equal(got, want)
+
+
+def test_min_rows_default_and_variable():
+    code = "from mlx_rmsnorm import _fuse; print(_fuse.MIN_ROWS)"
+    env = {k: v for k, v in os.environ.items() if k != "MLX_RMSNORM_FUSE_MIN_ROWS"}
+    for extra, want in (({}, "64"), ({"MLX_RMSNORM_FUSE_MIN_ROWS": "0"}, "0")):
+        out = subprocess.run([sys.executable, "-c", code], env={**env, **extra},
+                             capture_output=True, text=True, timeout=120)
+        assert out.stdout.strip() == want, out.stderr
+
+
 # --- switches -----------------------------------------------------------------------
 
 
