@@ -33,6 +33,10 @@ rounding), by construction, or it runs that code.
   are the original's.
 * **Where the built-in runs, the original runs.** On a CPU stream ``patch()``
   leaves MLX's own norm in place (see ``_patching``); the blocks do the same.
+* **A decode step runs the original.** A block of fewer than ``MIN_ROWS``
+  rows (tokens in the batch) runs its own code, tested before anything
+  else: there the fused op saves next to no bandwidth and cost more than
+  it saved.
 
 Every decision is counted (:func:`counts`): blocks that ran fused, and
 blocks that ran the original and why; ``MLX_RMSNORM_REPORT`` prints them.
@@ -169,8 +173,7 @@ def _builtin_stream() -> bool:
 MIN_ROWS = int(os.environ.get("MLX_RMSNORM_FUSE_MIN_ROWS", "64"))
 
 
-def _why_not(block: Any, block_cls: type, norm: Any, norm_cls: type, norm_call: Callable,
-             x: mx.array) -> Optional[str]:
+def _why_not(block: Any, block_cls: type, norm: Any, norm_cls: type, norm_call: Callable) -> Optional[str]:
     """Why this call cannot run fused (None: it can)."""
     if type(block) is not block_cls:
         return "block subclass"
@@ -180,13 +183,21 @@ def _why_not(block: Any, block_cls: type, norm: Any, norm_cls: type, norm_call: 
         return "norm __call__ replaced"
     if _builtin_stream():
         return "cpu stream (built-in)"
-    if x.size < MIN_ROWS * x.shape[-1]:
-        return "few rows (decode)"
     return None
 
 
 def _fallback(why: str) -> None:
     _counts["fallback:" + why] += 1
+
+
+def _few_rows(x: mx.array) -> bool:
+    """Whether ``x`` is a decode step's (fewer than MIN_ROWS rows; counted).
+    Tested first, before any attribute of the block is read: a decode token
+    is host work, and this path is what ``patch()`` runs plus this test."""
+    if x.size < MIN_ROWS * x.shape[-1]:
+        _counts["fallback:few rows (decode)"] += 1
+        return True
+    return False
 
 
 # --- replacements ---------------------------------------------------------------
@@ -197,10 +208,10 @@ def _pre_norm_block(mod: Any, original: Callable, state: _Installed, cls: type) 
     ``post_attention_layernorm(h)``, an ``nn.RMSNorm``."""
 
     def __call__(self, x, mask=None, cache=None):
-        if not state.active:
+        if not state.active or _few_rows(x):
             return original(self, x, mask, cache)
         norm = self.post_attention_layernorm
-        why = _why_not(self, cls, norm, nn.RMSNorm, _nn_rms_norm_call, x)
+        why = _why_not(self, cls, norm, nn.RMSNorm, _nn_rms_norm_call)
         if why is not None:
             _fallback(why)
             return original(self, x, mask, cache)
@@ -229,10 +240,10 @@ def _gemma_block(mod: Any, original: Callable, state: _Installed, cls: type) -> 
     """gemma (v1): llama's block with Gemma norms (offset 1)."""
 
     def __call__(self, x, mask=None, cache=None):
-        if not state.active:
+        if not state.active or _few_rows(x):
             return original(self, x, mask, cache)
         norm = self.post_attention_layernorm
-        why = _why_not(self, cls, norm, mod.RMSNorm, _norm_call(mod), x)
+        why = _why_not(self, cls, norm, mod.RMSNorm, _norm_call(mod))
         if why is not None:
             _fallback(why)
             return original(self, x, mask, cache)
@@ -250,10 +261,10 @@ def _gemma2_block(mod: Any, original: Callable, state: _Installed, cls: type) ->
     float16 (clip_residual): float16 activations run the original block."""
 
     def __call__(self, x, mask=None, cache=None):
-        if not state.active:
+        if not state.active or _few_rows(x):
             return original(self, x, mask, cache)
         norm = self.pre_feedforward_layernorm
-        why = _why_not(self, cls, norm, mod.RMSNorm, _norm_call(mod), x)
+        why = _why_not(self, cls, norm, mod.RMSNorm, _norm_call(mod))
         if why is None and x.dtype == mx.float16:
             why = "float16 (clip_residual)"
         if why is not None:
@@ -289,7 +300,7 @@ def _layer_norm_block(attn: str, ln1: str, ln2: str, parallel: bool = False,
                 why = "parallel residual"
             else:
                 norm = getattr(self, ln2)
-                why = _why_not(self, cls, norm, nn.LayerNorm, _nn_layer_norm_call, x)
+                why = _why_not(self, cls, norm, nn.LayerNorm, _nn_layer_norm_call)
             if why is not None:
                 _fallback(why)
                 return original(self, x, mask, cache)
@@ -305,14 +316,14 @@ def _layer_norm_block(attn: str, ln1: str, ln2: str, parallel: bool = False,
         if defaults:
 
             def __call__(self, x, mask=None, cache=None):
-                if not state.active:
+                if not state.active or _few_rows(x):
                     return original(self, x, mask, cache)
                 return fused(self, x, mask, cache)
 
         else:
 
             def __call__(self, x, mask, cache):  # type: ignore[misc]
-                if not state.active:
+                if not state.active or _few_rows(x):
                     return original(self, x, mask, cache)
                 return fused(self, x, mask, cache)
 

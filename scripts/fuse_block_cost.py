@@ -11,7 +11,11 @@ the tests route it.
 Timings interleave in a random order; the best of them is the figure to
 read (the 2-core development machine's medians move by 20-40%).
 
-    python3 scripts/fuse_block_cost.py [--model qwen3-0.6b|llama-3-8b|gpt2-medium] [--rounds 80]
+With --decode the rewrite keeps its row limit (_fuse.MIN_ROWS), so at the
+block's one row it runs the original behind its row test: what
+patch(fuse=True) adds to a decode step.
+
+    python3 scripts/fuse_block_cost.py [--model qwen3-0.6b|llama-3-8b|gpt2-medium] [--rounds 80] [--decode]
 """
 
 from __future__ import annotations
@@ -39,10 +43,12 @@ def main() -> None:
     p.add_argument("--model", choices=sorted(MODELS), default="qwen3-0.6b")
     p.add_argument("--rounds", type=int, default=80)
     p.add_argument("--number", type=int, default=1000, help="calls a timing")
+    p.add_argument("--decode", action="store_true", help="keep the row limit: the decode path")
     a = p.parse_args()
     _patching.route_cpu(True)
     mlx_rmsnorm.patch(fuse=True)
-    _fuse.MIN_ROWS = 0  # the fused path at a decode step's one row (it would run the original)
+    if not a.decode:
+        _fuse.MIN_ROWS = 0  # the fused path at the block's one row (else it runs the original)
     block = build_model(a.model, 256, quick=True).layers[0]
     for name in ("self_attn", "attn", "mlp"):
         if name in block:
@@ -53,7 +59,8 @@ def main() -> None:
     variants = {"original": rewrite.__wrapped__, "rewrite": rewrite}
     _fuse.reset_counts()
     rewrite(block, x)
-    assert _fuse.counts()["fused"] == 1, _fuse.counts()  # the rewrite's fused path is what is timed
+    path = "fallback:few rows (decode)" if a.decode else "fused"
+    assert _fuse.counts() == {path: 1}, _fuse.counts()  # the path that is timed
     us: dict[str, list[float]] = {v: [] for v in variants}
     order = list(variants)
     for _ in range(a.rounds):
@@ -63,7 +70,8 @@ def main() -> None:
             t = min(timeit.repeat(lambda: fn(block, x), number=a.number, repeat=2))
             us[v].append(t / a.number * 1e6)
     mlx_rmsnorm.unpatch()
-    print(f"{a.model} block, attention and MLP identity, {a.rounds} interleaved timings of {a.number} calls; us a call")
+    print(f"{a.model} block{' (decode path)' if a.decode else ''}, attention and MLP identity, "
+          f"{a.rounds} interleaved timings of {a.number} calls; us a call")
     for v, xs in us.items():
         print(f"{v:9} best {min(xs):6.2f}  median {statistics.median(xs):6.2f}")
 
