@@ -13,16 +13,16 @@ time:
   fuse, no checks    the same without the per-call checks (_fuse._why_not)
                      and counting
 
---switch token: the variants decode token by token in turn, each on its own
-KV cache, the order rotating every token, so every token follows an
-unpatch() and a patch() (the generation benchmark's loop until it changed).
---batch B decodes B sequences at once (B rows a block). --switch round (default): each variant decodes its tokens in one run, after
-one switch and two untimed tokens, the variants' order rotating every round
-(what a user runs: patch() once). A row is the median [min-max] over rounds
-of each round's median token. A Qwen3-0.6B- or gpt2-medium-shaped model with
+--switch token (default): the variants decode token by token in turn, each on
+its own KV cache, the order rotating every token, so every token follows an
+unpatch() and a patch() (the generation benchmark's loop). --switch round:
+each variant decodes its tokens in one run, after one switch and two untimed
+tokens, the variants' order rotating every round (what a user runs: patch()
+once). --batch B decodes B sequences at once (B rows a block). A row is the
+median [min-max] over rounds of each round's median token. A Qwen3-0.6B- or gpt2-medium-shaped model with
 random bf16 weights (the generation benchmark's MODELS).
 
-    python3 scripts/fuse_decode_split.py [--model qwen3-0.6b] [--rounds 5] [--tokens 48] [--switch round]
+    python3 scripts/fuse_decode_split.py [--model qwen3-0.6b] [--rounds 5] [--tokens 48] [--switch token]
         [--batch 1] [--variants "patch();fuse"]
 """
 
@@ -77,7 +77,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=2048, help="the generation benchmark's prompt")
     p.add_argument("--vocab", type=int, default=32768)
     p.add_argument("--quick", action="store_true", help="toy model (CPU)")
-    p.add_argument("--switch", choices=("token", "round"), default="round",
+    p.add_argument("--switch", choices=("token", "round"), default="token",
                    help="switch variants before every token, or once a round")
     p.add_argument("--batch", type=int, default=1, help="sequences decoded at once")
     p.add_argument("--variants", default=";".join(VARIANTS), help="a ;-separated list, patch() first")

@@ -26,7 +26,12 @@ fused into the norm where mlx_rmsnorm.fused_architectures() lists the model).
 Each round, every contender prefills its own KV cache, then the contenders
 decode in turn, one token each, the order rotating every token (the machine's
 drift, which moved a Llama token between 6.8 and 8.0 ms from one stretch of
-seconds to the next, then falls on all of them alike). A row gives ms (median
+seconds to the next, then falls on all of them alike; switching before every
+token biased none of them: docs/NOTES.md, Fused residual add). --switch
+round: each contender decodes its tokens in one run instead, after one
+switch and two untimed tokens, the order rotating every round (what a user
+runs, patch() once; the drift then falls on the contenders unevenly within a
+round, and its spread is wider). A row gives ms (median
 [min-max] over rounds of each round's figure: the prefill, the median decode
 step) and the ratios built-in / plugin, built-in / fused and plugin / fused
 (median [min-max] of per-round ratios). The greedy tokens of every contender
@@ -145,7 +150,7 @@ def bench(name, args, progress, model=None):
     greedy tokens parted at near-ties; ``model``: one built by the caller
     (examples/bench_train_step.py --decode) instead of MODELS[name]. In a
     round each contender prefills its own KV cache, then the contenders decode token by token in turn (the
-    order rotating every token), each on its own cache: a round's figures
+    order rotating every token; args.switch "round": a run each), each on its own cache: a round's figures
     are taken over the same seconds of the machine's drift, so the per-round
     ratios compare like with like."""
     import mlx_rmsnorm
@@ -159,7 +164,7 @@ def bench(name, args, progress, model=None):
     parted = []
     k = len(VARIANTS)
     rotated = lambda i: [VARIANTS[(i + j) % k] for j in range(k)]
-    switch = getattr(args, "switch", "round")
+    switch = getattr(args, "switch", "token")
     for r in range(args.rounds + 1):  # the first round warms up
         state = {}
         for variant, plugin, fuse in rotated(r):
@@ -217,8 +222,8 @@ def main(argv=None):
     p.add_argument("--vocab", type=int, default=None, help="(32768, --quick 256)")
     p.add_argument("--quick", action="store_true", help="tiny models, a few tokens (CI, CPU); "
                    "the options above, where given, still apply")
-    p.add_argument("--switch", choices=("round", "token"), default="round",
-                   help="contenders take turns once a round (default) or before every token")
+    p.add_argument("--switch", choices=("token", "round"), default="token",
+                   help="contenders take turns before every token (default) or once a round")
     p.add_argument("--out", default="bench-results", help="folder for the CSV")
     args = p.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
