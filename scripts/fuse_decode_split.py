@@ -18,9 +18,10 @@ its own KV cache, the order rotating every token, so every token follows an
 unpatch() and a patch() (the generation benchmark's loop). --switch round:
 each variant decodes its tokens in one run, after one switch and two untimed
 tokens, the variants' order rotating every round (what a user runs: patch()
-once). --batch B decodes B sequences at once (B rows a block). A row is the
-median [min-max] over rounds of each round's median token. A Qwen3-0.6B- or gpt2-medium-shaped model with
-random bf16 weights (the generation benchmark's MODELS).
+once); the order is the generation benchmark's (generation.turns). --batch B
+decodes B sequences at once (B rows a block). A row is the median [min-max]
+over rounds of each round's median token. A Qwen3-0.6B- or gpt2-medium-shaped
+model with random bf16 weights (the generation benchmark's MODELS).
 
     python3 scripts/fuse_decode_split.py [--model qwen3-0.6b] [--rounds 5] [--tokens 48] [--switch token]
         [--batch 1] [--variants "patch();fuse"]
@@ -36,7 +37,7 @@ import mlx.core as mx
 
 import mlx_rmsnorm
 from mlx_rmsnorm import _ext, _fuse, _patching
-from mlx_rmsnorm.bench.generation import build_model
+from mlx_rmsnorm.bench.generation import build_model, turns
 
 # (the fused ops' compositions: this folder is on sys.path when run as a script)
 from checkpoint_memory import composed_add_layer_norm, composed_add_rms_norm  # noqa: E402
@@ -92,7 +93,6 @@ def main() -> None:
         _patching.route_cpu(True)  # there the blocks fuse only when routed (as the tests run them)
     model = build_model(a.model, a.vocab, a.quick)
     prompt = mx.random.randint(0, a.vocab, (a.batch, a.prompt), key=mx.random.key(1))
-    k = len(variants)
     rows = {v: {"build": [], "eval": [], "token": []} for v in variants}
     for r in range(a.rounds + 1):  # the first round warms up
         state = {}
@@ -102,7 +102,8 @@ def main() -> None:
             tok = mx.argmax(model(prompt, cache=cache)[:, -1], axis=-1)
             mx.eval(tok)
             state[v] = dict(cache=cache, tok=tok, build=[], eval=[])
-        def token(v: str) -> None:
+
+        def token(v: str, timed: bool) -> None:
             st = state[v]
             t0 = time.perf_counter()
             tok = mx.argmax(model(st["tok"][:, None], cache=st["cache"])[:, -1], axis=-1)
@@ -110,24 +111,14 @@ def main() -> None:
             mx.eval(tok)
             t2 = time.perf_counter()
             st["tok"] = tok
-            st["build"].append(t1 - t0)
-            st["eval"].append(t2 - t1)
+            if timed:
+                st["build"].append(t1 - t0)
+                st["eval"].append(t2 - t1)
 
-        if a.switch == "token":
-            for i in range(a.tokens):
-                for j in range(k):
-                    v = variants[(r + i + j) % k]
-                    use(v)
-                    token(v)
-        else:
-            for j in range(k):
-                v = variants[(r + j) % k]
+        for v, switch_first, timed in turns(variants, r, a.tokens, a.switch):
+            if switch_first:
                 use(v)
-                for _ in range(2):  # untimed: the interpreter settles after the switch
-                    token(v)
-                del state[v]["build"][:], state[v]["eval"][:]
-                for _ in range(a.tokens):
-                    token(v)
+            token(v, timed)
         if r:
             for v in variants:
                 st = state[v]

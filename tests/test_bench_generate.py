@@ -64,3 +64,14 @@ def test_runs_as_a_module(tmp_path):
     assert "RuntimeWarning" not in proc.stderr
     rows = list(csv.DictReader(open(tmp_path / "generate.csv")))
     assert [r["model"] for r in rows] == ["llama toy, 2 layers, hidden 64"] * 2
+
+
+def test_turns_orders_the_contenders():
+    # every token: a switch before each, the order rotating every token
+    assert list(generation.turns("abc", 1, 2, "token")) == [
+        (c, True, True) for c in "bcacab"]
+    # once a round: a run each (order rotated by the round), the first
+    # WARM_TOKENS of a run untimed, one switch at its start
+    w = generation.WARM_TOKENS
+    got = list(generation.turns("ab", 1, 3, "round"))
+    assert got == [(c, i == 0, i >= w) for c in "ba" for i in range(w + 3)]

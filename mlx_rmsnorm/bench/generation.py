@@ -135,6 +135,22 @@ def _use(plugin, fuse):
         mlx_rmsnorm.patch(fuse=fuse)
 
 
+def turns(contenders, r, tokens, switch):
+    """(contender, switch to it first, timed) in the order the contenders
+    decode in round r: ``switch`` "token", one token each in turn, the order
+    rotating every token; "round", each its tokens in one run after
+    WARM_TOKENS untimed ones, the order rotating every round."""
+    k = len(contenders)
+    if switch == "token":
+        for i in range(tokens):
+            for j in range(k):
+                yield contenders[(r + i + j) % k], True, True
+    else:
+        for j in range(k):
+            for i in range(WARM_TOKENS + tokens):
+                yield contenders[(r + j) % k], i == 0, i >= WARM_TOKENS
+
+
 def check_tokens(reference, margins, tokens, label):
     for i, (a, b) in enumerate(zip(reference, tokens)):
         if a != b:
@@ -181,16 +197,10 @@ def bench(name, args, progress, model=None):
             if timed:
                 st["steps"].append(seconds)
 
-        if switch == "token":
-            for i in range(args.tokens):
-                for variant, plugin, fuse in rotated(r + i):
-                    _use(plugin, fuse)
-                    step(variant, True)
-        else:
-            for variant, plugin, fuse in rotated(r):
+        for (variant, plugin, fuse), switch_first, timed in turns(VARIANTS, r, args.tokens, switch):
+            if switch_first:
                 _use(plugin, fuse)
-                for i in range(WARM_TOKENS + args.tokens):
-                    step(variant, i >= WARM_TOKENS)
+            step(variant, timed)
         for variant, _, _ in VARIANTS:
             st = state[variant]
             if reference is None:
