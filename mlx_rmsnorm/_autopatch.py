@@ -176,7 +176,16 @@ def _frames():
 
 def from_environment() -> None:
     import mlx_rmsnorm
+    from mlx_rmsnorm import _fuse
 
+    rows = os.environ.get("MLX_RMSNORM_FUSE_MIN_ROWS", "").strip()
+    if rows:  # before MLX_RMSNORM_PATCH: the first fused call reads it
+        if not rows.isdigit():
+            _bad_variable(
+                f"mlx_rmsnorm: MLX_RMSNORM_FUSE_MIN_ROWS={rows!r} is not a row count (an integer "
+                f">= 0; default {_fuse.MIN_ROWS}); set one or unset the variable."
+            )
+        _fuse.MIN_ROWS = int(rows)
     value = os.environ.get("MLX_RMSNORM_PATCH", "").strip()
     if value not in ("", "0"):
         if value.lower() not in _PATCH_VALUES:

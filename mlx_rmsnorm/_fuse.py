@@ -47,7 +47,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
-import os
 import textwrap
 import threading
 import warnings
@@ -168,9 +167,9 @@ def _builtin_stream() -> bool:
 # a few) and the whole token came out 2.8-4.5% slower fused than with the
 # block's own code under patch(), while the rewrite with the add and the
 # norm as two ops was level (H200, 2048-token prompt; docs/NOTES.md, Fused
-# residual add). Tests set it to 0 to fuse their small inputs
-# (MLX_RMSNORM_FUSE_MIN_ROWS).
-MIN_ROWS = int(os.environ.get("MLX_RMSNORM_FUSE_MIN_ROWS", "64"))
+# residual add). MLX_RMSNORM_FUSE_MIN_ROWS sets it (_autopatch, at import):
+# the tests set 0 to fuse their small inputs.
+MIN_ROWS = 64
 
 
 def _why_not(block: Any, block_cls: type, norm: Any, norm_cls: type, norm_call: Callable) -> Optional[str]:

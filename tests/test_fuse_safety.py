@@ -509,12 +509,18 @@ def test_few_rows_run_the_blocks_own_code(name, monkeypatch):
 
 
 def test_min_rows_default_and_variable():
-    code = "from mlx_rmsnorm import _fuse; print(_fuse.MIN_ROWS)"
+    code = "from mlx_rmsnorm import _fuse; print('RAN', _fuse.MIN_ROWS)"
     env = {k: v for k, v in os.environ.items() if k != "MLX_RMSNORM_FUSE_MIN_ROWS"}
-    for extra, want in (({}, "64"), ({"MLX_RMSNORM_FUSE_MIN_ROWS": "0"}, "0")):
+    for extra, want in (({}, "RAN 64"), ({"MLX_RMSNORM_FUSE_MIN_ROWS": "0"}, "RAN 0"),
+                        ({"MLX_RMSNORM_FUSE_MIN_ROWS": "128"}, "RAN 128")):
         out = subprocess.run([sys.executable, "-c", code], env={**env, **extra},
                              capture_output=True, text=True, timeout=120)
         assert out.stdout.strip() == want, out.stderr
+    for bad in ("many", "-1", "1.5"):
+        out = subprocess.run([sys.executable, "-c", code], env={**env, "MLX_RMSNORM_FUSE_MIN_ROWS": bad},
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0 and "RAN" not in out.stdout
+        assert f"MLX_RMSNORM_FUSE_MIN_ROWS={bad!r} is not a row count" in out.stderr
 
 
 # --- switches -----------------------------------------------------------------------
