@@ -366,3 +366,61 @@ def test_layer_norm_sections_show_our_rms_norm_beside_ours(tmp_path, capsys):
         rows = json.load(f)["rows"]
     for direction in ("fwd", "bwd", "bwd_gx"):
         assert {r["impl"] for r in rows if r["direction"] == direction} >= {"ours", core.OUR_RMS_NORM}
+
+
+def test_large_n_contenders_compute_what_they_are_named():
+    """bench --large-n: every op and direction against mx.fast's own
+    composition (x + r first for the add ops, mx.vjp for the backward)."""
+    from mlx_rmsnorm.bench import large_n
+
+    dtype = mx.float32
+    x, g = random((16, 160), dtype, 1), random((16, 160), dtype, 2)
+    w = random((160,), dtype, 3, scale=0.1, offset=1.0)
+    b = (0.1 * (w - 1)).astype(dtype)  # the bias large_n.contenders makes
+    refs = {"rms_norm": (mx.fast.rms_norm, [w]), "layer_norm": (mx.fast.layer_norm, [w, b])}
+    with mx.stream(mx.cpu):
+        figs = large_n.contenders(w)
+        assert {(op, d) for op, d, _ in figs} >= {(op, d) for op in large_n.OPS for d in ("fwd", "bwd")}
+        for op, direction, fn in figs:
+            if op.startswith("ceiling"):
+                continue
+            norm, params = refs[op.removeprefix("add_")]
+            if direction == "fwd" and op.startswith("add_"):  # (y, h): h = x + r, r = g
+                y, h = fn(x, g)
+                assert mx.array_equal(h, x + g), op
+                assert rel_err(y, to_numpy(norm(x + g, *params, core.EPS))) <= TOL[dtype], op
+            elif direction == "fwd":
+                assert rel_err(fn(x, g), to_numpy(norm(x, *params, core.EPS))) <= TOL[dtype], op
+            else:  # add ops: h = x, g_y = g, g_h = x; gx = norm's gx + g_h
+                grads = mx.vjp(lambda h, *p: norm(h, *p, core.EPS), [x, *params], [g])[1]
+                if op.startswith("add_"):
+                    grads = [grads[0] + x, *grads[1:]]
+                out = [a for a in fn(x, g) if a is not None]
+                assert len(out) == len(grads), op
+                for a, ref in zip(out, grads):
+                    assert rel_err(a, to_numpy(ref)) <= TOL[dtype], op
+
+
+def test_large_n_prints_a_line_per_shape_op_and_direction(tmp_path, capsys):
+    """The log's lines carry MxN, the op, the direction and NN% (one row per
+    line); QuACK's H200 figure only where it was measured (bf16 table shapes)."""
+    import re
+
+    from mlx_rmsnorm.bench import large_n
+
+    assert bench.main(["--sections", "large-n", "--quick", "--repeats", "1", "--calls", "2",
+                       "--singles", "1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    line = re.compile(r"^\s*(\d+)x(\d+)\s+(\w+)\s+(fwd|bwd)\s+ours .* (\d+)%")
+    seen = {(m.group(1, 2), m.group(3), m.group(4)) for m in map(line.match, out.splitlines()) if m}
+    shapes = {(str(m), str(n)) for m, n in large_n.QUICK}
+    assert seen == {(s, op, d) for s in shapes for op in large_n.OPS for d in ("fwd", "bwd")}
+    rows_text = [ln for ln in out.splitlines() if line.match(ln)]
+    assert not any("QuACK" in ln for ln in rows_text)  # the quick shapes are not QuACK's
+    with open(tmp_path / "bench_bfloat16_large-n.json") as f:
+        rows = json.load(f)["rows"]
+    for r in rows:
+        assert r["ceiling_us"] > 0 and r["pct_ceiling"] == pytest.approx(100 * r["ceiling_us"] / r["us"])
+    assert large_n.quack_us((4096, 32768), "rms_norm", "bwd") == 354
+    assert large_n.quack_us((8192, 16384), "layer_norm", "fwd") is None  # not measured
+    assert large_n.quack_us((4096, 32768), "add_rms_norm", "fwd") is None

@@ -21,6 +21,8 @@ mx.fast.layer_norm, and MLX's add + norm for the fused residual add).
   python -m mlx_rmsnorm.bench --training       the training and decode shapes
   python -m mlx_rmsnorm.bench --sections ln_training,ln_table    LayerNorm
   python -m mlx_rmsnorm.bench --fused          the fused residual add + RMSNorm / LayerNorm
+  python -m mlx_rmsnorm.bench --large-n        long rows (N 16384-262144): every op, % of the copy
+                                               ceiling, QuACK's H200 figures beside ours
   python -m mlx_rmsnorm.bench --generate       mlx-lm generation alone
   python -m mlx_rmsnorm.bench.generation -h    the generation benchmark's own options
 
@@ -121,6 +123,9 @@ def parser():
                    "(mlx-lm models, prefill and decode; python -m mlx_rmsnorm.bench.generation -h)")
     p.add_argument("--fused", action="store_true",
                    help="only the fused residual add + norm section (add_rms_norm, add_layer_norm)")
+    p.add_argument("--large-n", action="store_true",
+                   help="only the long-row section (also --sections large-n): rms_norm, layer_norm, "
+                        "add_rms_norm, add_layer_norm forward and backward at N 16384-262144")
     return p
 
 
@@ -128,6 +133,8 @@ def main(argv=None):
     args = parser().parse_args(argv)
     if args.generate:
         return run_generate(args)
+    if args.sections.strip() == "large-n":  # a section with its own tables, like --fused
+        args.large_n, args.sections = True, ""
     sections = parse_sections(args)
     shapes = parse_shapes(args.shapes) if args.shapes else None
 
@@ -139,6 +146,11 @@ def main(argv=None):
     quick = args.quick or (device == mx.cpu and not args.full and not shapes)
     if quick:
         args.calls, args.repeats, args.singles = min(args.calls, 4), min(args.repeats, 3), 1
+    if args.large_n:
+        from . import large_n
+
+        args.quick = quick
+        return large_n.run(args, device, dtype, shapes)
     if args.fused:
         from . import fused
 

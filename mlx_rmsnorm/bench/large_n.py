@@ -1,0 +1,174 @@
+"""Long rows (N = 16384 ... 262144): every op of ours, forward and backward,
+against the copy ceiling on the same bytes, with QuACK's figures beside them
+where they were measured (bench --large-n).
+
+The ceiling of a figure is the time its bytes take at the copy rate: the
+faster of MLX's two elementwise kernels timed in the same rounds (-x: one
+read, one write; x + g: two reads, one write), applied to the tensors the op
+must move at the least (weights and their gradients left out):
+
+    forward   rms_norm / layer_norm          read x, write y          2 tensors
+              add_rms_norm / add_layer_norm  read x, r; write h, y    4 tensors
+    backward  rms_norm / layer_norm          read x, g; write gx      3 tensors
+              add_rms_norm / add_layer_norm  read h, g_y, g_h; write gx   4 tensors
+
+"ours" is the median of --repeats interleaved rounds of --calls calls in one
+mx.eval (the backward as mx.grad reaches it: mx.vjp of the forward; the add
+ops' backward through add_*_vjp, which is what their vjp runs).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import mlx.core as mx
+
+from .. import add_layer_norm_vjp, add_rms_norm, add_rms_norm_vjp, add_layer_norm, layer_norm, rms_norm
+from .core import EPS, L2_BYTES, MAX_SETS, Progress, device_name, stats, time_interleaved, trim
+from .output import spread, write_outputs
+
+# The shapes of the large-N table (x is 268 MB in bf16 at every one but
+# 4096x24576, 201 MB).
+SHAPES = [(8192, 16384), (4096, 24576), (4096, 32768), (2048, 65536), (1024, 131072), (512, 262144)]
+QUICK = [(64, 4099), (16, 16384)]
+OPS = ("rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm")
+TENSORS = {("fwd", False): 2, ("fwd", True): 4, ("bwd", False): 3, ("bwd", True): 4}
+
+# Measured with torch 2.11 on one H200, bf16 (triton do_bench; QuACK 0.6.5 on
+# cutlass-dsl 4.7.0): us per call. "copy" is torch's neg (forward bytes) and
+# add(x, g) (backward bytes) on the same tensors. Not measured here: printed
+# beside ours for reference, labelled as such.
+TORCH_H200 = {
+    # (M, N): (copy fwd, copy bwd, RMS fwd, RMS bwd, LN fwd, LN bwd)
+    (8192, 16384): (130, 189, 135, 314, None, 308),
+    (4096, 24576): (99, 144, 104, 304, 146, 343),
+    (4096, 32768): (130, 189, 135, 354, 250, 374),
+    (2048, 65536): (131, 189, 134, 382, 274, 424),
+    (1024, 131072): (130, 189, 137, 477, 290, 548),
+    (512, 262144): (131, 189, 144, 529, 339, 702),
+}
+_QUACK_COLUMN = {("rms_norm", "fwd"): 2, ("rms_norm", "bwd"): 3,
+                 ("layer_norm", "fwd"): 4, ("layer_norm", "bwd"): 5}
+
+
+def quack_us(shape, op, direction):
+    """QuACK's us at this shape (bf16, H200, torch), or None."""
+    figures = TORCH_H200.get(tuple(shape))
+    column = _QUACK_COLUMN.get((op, direction))
+    return None if figures is None or column is None else figures[column]
+
+
+def contenders(w):
+    """[(op, direction, fn(x, g))] for one shape; x and g double as the
+    residual and the second cotangent of the add ops."""
+    b = (0.1 * (w - 1)).astype(w.dtype)  # a bias in w's dtype, as in a checkpoint
+    mx.eval(b)
+
+    def grad_of(norm, params):
+        def f(x, g):
+            return mx.vjp(lambda x, *p: norm(x, *p, EPS), [x, *params], [g])[1]
+        return f
+
+    return [
+        ("ceiling -x", "fwd", lambda x, g: -x),
+        ("ceiling x+g", "bwd", lambda x, g: x + g),
+        ("rms_norm", "fwd", lambda x, g: rms_norm(x, w, EPS)),
+        ("rms_norm", "bwd", grad_of(rms_norm, [w])),
+        ("layer_norm", "fwd", lambda x, g: layer_norm(x, w, b, EPS)),
+        ("layer_norm", "bwd", grad_of(layer_norm, [w, b])),
+        ("add_rms_norm", "fwd", lambda x, g: add_rms_norm(x, g, w, EPS)),
+        ("add_rms_norm", "bwd", lambda x, g: add_rms_norm_vjp(x, w, g, x, EPS)),
+        ("add_layer_norm", "fwd", lambda x, g: add_layer_norm(x, g, w, b, EPS)),
+        ("add_layer_norm", "bwd", lambda x, g: add_layer_norm_vjp(x, w, b, g, x, EPS)),
+    ]
+
+
+def inputs(shape, dtype, n_sets):
+    key = mx.random.key(shape[0] * 7919 + shape[-1])
+    sets = []
+    for _ in range(n_sets):
+        kx, kg, key = mx.random.split(key, 3)
+        sets.append((mx.random.normal(shape, key=kx).astype(dtype),
+                     mx.random.normal(shape, key=kg).astype(dtype)))
+    w = (1 + 0.1 * mx.random.normal((shape[-1],), key=key)).astype(dtype)
+    mx.eval(sets, w)
+    return sets, w
+
+
+def run_case(shape, dtype, calls, repeats, singles, device):
+    """Rows of one shape: every op and direction against the ceiling."""
+    m, n = shape
+    tensor = m * n * dtype.size
+    n_sets = max(2, min(MAX_SETS, -(-L2_BYTES // (2 * tensor)) + 1))
+    with mx.stream(device):
+        sets, w = inputs(shape, dtype, n_sets)
+        figs = contenders(w)
+        samples = time_interleaved([f for _, _, f in figs], sets, calls, repeats, singles)
+    del sets, w
+    mx.clear_cache()
+    trim()
+    us = [[1e6 * e for e in samples[i]["many"]] for i in range(len(figs))]
+    # The copy rate of each round (bytes per us): the faster of -x and x + g.
+    rate = [max(2 * tensor / a, 3 * tensor / c) for a, c in zip(us[0], us[1])]
+    rows = []
+    for i, (op, direction, _) in enumerate(figs[2:], start=2):
+        moved = TENSORS[direction, op.startswith("add_")] * tensor
+        ceil = [moved / r for r in rate]
+        st = stats(us[i])
+        pct = [100 * c / u for c, u in zip(ceil, us[i])]
+        rows.append(dict(
+            kind="large_n", op=op, direction=direction, impl="ours", shape=f"{m}x{n}", M=m, N=n,
+            dtype=str(dtype).split(".")[-1], bytes=moved, calls=calls, repeats=len(us[i]),
+            us=st["med"], us_min=st["min"], us_max=st["max"],
+            us_single=statistics.median([1e6 * t for t in samples[i]["single"]]),
+            gbs=moved / st["med"] / 1e3, ceiling_us=statistics.median(ceil),
+            pct_ceiling=100 * statistics.median(ceil) / st["med"],
+            pct_ceiling_min=min(pct), pct_ceiling_max=max(pct),
+            quack_us=quack_us(shape, op, direction) if dtype == mx.bfloat16 else None,
+            samples_us=us[i]))
+    return rows
+
+
+def format_row(r):
+    """One line: MxN, the op, the direction, ours, the ceiling, NN%, QuACK."""
+    line = (f"{r['shape']:>12}  {r['op']:<14} {r['direction']:<4} "
+            f"ours {spread(r['us'], r['us_min'], r['us_max']):>22} us  "
+            f"ceiling {r['ceiling_us']:7.1f} us  {r['pct_ceiling']:3.0f}%")
+    if r.get("quack_us") is not None:
+        q = r["quack_us"]
+        line += f"  QuACK {q:4d} us (torch, H200; ours/QuACK {r['us'] / q:4.2f})"
+    return line
+
+
+def run(args, device, dtype, shapes):
+    """The section on its own (bench --large-n): one line per figure, CSV, JSON."""
+    run_list = [tuple(s[-2:]) for s in shapes] if shapes else (QUICK if args.quick else SHAPES)
+    print(f"device: {device_name(device)}, dtype: {args.dtype}, section: large-n, {len(run_list)} "
+          f"shapes x {len(OPS)} ops x 2 directions, {args.calls} calls per eval, "
+          f"{args.repeats} interleaved repeats (+1 warm-up)", flush=True)
+    t_start = time.perf_counter()
+    rows = []
+    progress = Progress(len(run_list), len(run_list))
+    try:
+        for i, shape in enumerate(run_list):
+            progress.case(i, "large-n", "x".join(map(str, shape)))
+            rows += run_case(shape, dtype, args.calls, args.repeats, args.singles, device)
+            progress.round_done()
+    finally:
+        progress.close()
+    elapsed = time.perf_counter() - t_start
+    os.makedirs(args.out, exist_ok=True)
+    base = os.path.join(args.out, f"bench_{args.dtype}_large-n")
+    write_outputs(rows, base, dict(device=device_name(device), dtype=args.dtype, sections=["large-n"],
+                                   calls=args.calls, repeats=args.repeats, quick=args.quick,
+                                   seconds=elapsed))
+    print(f"\nlarge N: us per call, median [min-max] of {args.repeats} interleaved repeats of "
+          f"{args.calls} calls per eval; ceiling = the copy rate (faster of MLX's -x and x+g, same "
+          "rounds) on the bytes the op must move; NN% = ceiling / ours; QuACK: measured with torch "
+          "on an H200 (bf16), not in this run")
+    for r in rows:
+        print(format_row(r))
+    print(f"\nresults: {base}.csv, {base}.json ({elapsed:.0f} s)")
+    return 0
