@@ -42,16 +42,29 @@ PIP_NVCC_PACKAGES = {
 PIP_CUDA_SUBDIR = {"cuda13": "cu13"}
 MIN_CMAKE = (3, 24)
 
-# Installed beside the package (site-packages): honors MLX_RMSNORM_PATCH and
-# MLX_RMSNORM_REPORT in any program of the environment (the report alone
-# counts the built-in's primitives of a program that never imports us). It
-# runs at every interpreter start, so it only reads the environment unless
-# one of them is set.
+# Installed beside the package (site-packages): honors the MLX_RMSNORM_*
+# variables in any program of the environment (MLX_RMSNORM_REPORT alone counts
+# the built-in's primitives of a program that never imports us). It runs at
+# every interpreter start, so it only reads the environment and imports the
+# package where MLX_RMSNORM_PATCH or MLX_RMSNORM_REPORT is on, or a variable
+# holds a value the package refuses (the package then stops the program with
+# its one-line error): the rules of mlx_rmsnorm/_autopatch.py (ON, OFF), which
+# tests/test_variables.py checks this line against. Before the import it sets
+# sys._mlx_rmsnorm_from_pth, which tells the package that it runs inside site
+# at start-up (an exception there would be printed and the program run on);
+# a second pass over the same site-packages (a venv's lib64 -> lib) does
+# nothing.
 PTH_NAME = "mlx_rmsnorm_autopatch.pth"
+_PTH_OFF = "('', '0', 'false', 'no', 'off')"
+_PTH_ON_OR_OFF = "('', '0', 'false', 'no', 'off', '1', 'true', 'yes', 'on')"
 PTH_LINE = (
-    "import os; any(os.environ.get(v, '') not in ('', '0') "
-    "for v in ('MLX_RMSNORM_PATCH', 'MLX_RMSNORM_REPORT')) "
-    "and __import__('mlx_rmsnorm')\n"
+    "import os, sys; "
+    "(lambda g: g('PATCH') not in " + _PTH_OFF + " or g('REPORT') not in " + _PTH_OFF
+    + " or g('ROUTE_CPU') not in " + _PTH_ON_OR_OFF
+    + " or not (g('FUSE_MIN_ROWS').isascii() and g('FUSE_MIN_ROWS').isdigit() or not g('FUSE_MIN_ROWS')))"
+    "(lambda v: os.environ.get('MLX_RMSNORM_' + v, '').strip().lower()) "
+    "and 'mlx_rmsnorm' not in sys.modules "
+    "and (setattr(sys, '_mlx_rmsnorm_from_pth', True), __import__('mlx_rmsnorm'))\n"
 )
 
 class NoMLXError(RuntimeError):

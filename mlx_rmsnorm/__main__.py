@@ -11,11 +11,13 @@ command-line tools:
     python -m mlx_rmsnorm train.py --steps 100
 
 A first argument that names an existing file or ends in ``.py`` is a script;
-otherwise a module. ``--report`` (or MLX_RMSNORM_REPORT=1) prints at exit how
-many of our primitives and the built-in's the run's gradient graphs held.
-``--fuse`` is ``patch(fuse=True)``: mlx-lm's decoder blocks (llama, mistral,
-qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3_text) run their residual add
-and norm as one ``add_rms_norm``.
+otherwise a module. ``--report`` (or MLX_RMSNORM_REPORT=1) prints at exit
+what ran: how many of our primitives and the built-in's the run's gradient
+graphs held, the forward ops built, and which implementation the default
+device runs. ``--fuse`` is ``patch(fuse=True)``: mlx-lm's decoder blocks run
+their residual add and norm as one op (``add_rms_norm``; ``add_layer_norm``
+in LayerNorm blocks), for the architectures ``fused_architectures()`` lists:
+{architectures}
 Without this wrapper, MLX_RMSNORM_PATCH=1 patches any program in the
 environment (docs/api.md: "Patching programs you do not edit").
 """
@@ -38,7 +40,7 @@ def _parse(argv: list[str]) -> tuple[bool, str, str, list[str]]:
     while i < len(argv):
         a = argv[i]
         if a in ("-h", "--help"):
-            print(__doc__.strip())
+            print(_help())
             raise SystemExit(0)
         if a == "--report":
             report = True
@@ -59,6 +61,16 @@ def _parse(argv: list[str]) -> tuple[bool, str, str, list[str]]:
         return report, kind, a, argv[i + 1 :]
     print(USAGE, file=sys.stderr)
     raise SystemExit(2)
+
+
+def _help() -> str:
+    from mlx_rmsnorm import fused_architectures
+
+    import textwrap
+
+    names = textwrap.fill(", ".join(fused_architectures()), width=76, initial_indent="    ",
+                          subsequent_indent="    ")
+    return __doc__.strip().replace("{architectures}", names)
 
 
 def _check_target(kind: str, target: str) -> None:

@@ -1,20 +1,36 @@
 """Patching from outside the program: the environment variables and the
-report that shows which RMSNorm primitives a run's gradients used.
+report that shows which norm primitives a run used.
 
-MLX_RMSNORM_PATCH=1   ``patch()`` at ``import mlx_rmsnorm`` (``=fuse``:
-                      ``patch(fuse=True)``, mlx-lm blocks fused); the package
-                      installs a .pth file that imports it at interpreter
-                      start when the variable is set, so any program in the
-                      environment (``mlx_lm.lora``, a script) runs patched.
-MLX_RMSNORM_ROUTE_CPU=1  ``route_cpu(True)``: under ``patch()``, calls on a
-                      CPU stream run the plugin's CPU path too (by default
-                      they run MLX's own op there).
-MLX_RMSNORM_REPORT=1  at exit, print to stderr how many RMSNorm and LayerNorm
-                      primitives (ours and the built-in's) the gradient graphs
-                      held. The .pth imports the package for this variable
-                      too, so on its own it reports an unpatched program. On
-                      the CPU MLX expands the built-in into elementary ops,
-                      so there only ours are counted.
+Every variable follows one rule: the spellings below, in any case, with
+surrounding spaces ignored; anything else is a one-line error naming the
+variable and the values it takes, which stops the program (also when the
+.pth file below reads it at interpreter start).
+
+MLX_RMSNORM_PATCH     1: ``patch()`` at ``import mlx_rmsnorm``; fuse:
+                      ``patch(fuse=True)`` (mlx-lm blocks fused); off: unset,
+                      empty, 0, false, no, off. The package installs a .pth
+                      file that imports it at interpreter start when the
+                      variable is on, so any program in the environment
+                      (``mlx_lm.lora``, a script) runs patched.
+MLX_RMSNORM_ROUTE_CPU ``route_cpu(True)``: under ``patch()``, calls on a CPU
+                      stream run the plugin's CPU path too (by default they
+                      run MLX's own op there).
+MLX_RMSNORM_REPORT    at exit, print to stderr what ran: the norm primitives
+                      (ours and the built-in's) in the gradient graphs, the
+                      fused blocks, our forward ops built (every call, with
+                      or without a gradient, where the extension counts
+                      them), and which implementation the default device
+                      runs. The .pth imports the package for this variable
+                      too, so on its own it reports an unpatched program.
+                      These two are switches: on is 1, true, yes, on; off
+                      is unset, empty, 0, false, no, off.
+MLX_RMSNORM_FUSE_MIN_ROWS  the rows from which ``patch(fuse=True)``'s blocks
+                      fuse: an integer >= 0 in the digits 0-9; unset or
+                      empty: the default.
+
+This module imports MLX only inside the functions that need it: the
+variables' rules (read_environment) run without it, as the .pth's test
+does in interpreters that have no MLX.
 """
 
 from __future__ import annotations
@@ -26,8 +42,6 @@ import re
 import sys
 import time
 from collections import Counter
-
-import mlx.core as mx
 
 _PRIMITIVES = ("RMSNormPlugin", "RMSNormPluginVJP", "RMSNorm", "RMSNormVJP",
                "AddRMSNormPlugin", "AddRMSNormPluginVJP")
@@ -49,13 +63,11 @@ _installed = False
 _START = time.perf_counter()
 
 
-def _enabled(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0")
-
-
 def primitive_counts(*outputs) -> Counter:
     """How many nodes of each primitive (by name: RMSNormPlugin, RMSNorm, ...)
     the graph that computes `outputs` holds, read from its DOT text."""
+    import mlx.core as mx
+
     dot = io.StringIO()
     mx.export_to_dot(dot, *outputs)
     return Counter(re.findall(r'label ="([^"]+)"', dot.getvalue()))
@@ -100,7 +112,71 @@ def _counting(transform):
     return wrapped_transform
 
 
+# Our forward primitives, as _ext._op_counts names them, and its counts of
+# routed calls that ran MLX's op.
+_BUILT = ("RMSNormPlugin", "AddRMSNormPlugin", "LayerNormPlugin", "AddLayerNormPlugin")
+_ROUTED_TO_BUILTIN = ("builtin_rms_norm", "builtin_layer_norm")
+
+
+def _op_counts() -> dict | None:
+    """The extension's counts of the ops it built (None where this build has
+    no counter)."""
+    from . import _ext
+
+    counter = getattr(_ext, "_op_counts", None)
+    return None if counter is None else dict(counter())
+
+
+def _built_line() -> str:
+    ops = _op_counts()
+    if ops is None:
+        return ("mlx_rmsnorm report: work outside gradient graphs (inference: mlx_lm generate, "
+                "a forward pass) is not counted: this build of the extension has no op counter")
+    ours = " ".join(f"{k}={ops.get(k, 0)}" for k in _BUILT)
+    theirs = " ".join(f"{k}={ops.get(k, 0)}" for k in _ROUTED_TO_BUILTIN)
+    return (f"mlx_rmsnorm report: forward ops built, every call (eager or traced, with or without "
+            f"a gradient): {ours} (ours); {theirs} (routed mx.fast calls that ran MLX's op)")
+
+
+CPU_NOTE = (
+    "\nmlx_rmsnorm report: the default stream is the CPU, where patch() runs MLX's own norm "
+    "(expanded into plain ops, not counted above); MLX_RMSNORM_ROUTE_CPU=1 runs the plugin there"
+)
+CPU_ROUTED_NOTE = (
+    "\nmlx_rmsnorm report: the default stream is the CPU, where patch() runs the plugin's CPU path "
+    "(route_cpu is on)"
+)
+CPU_UNPATCHED_NOTE = (
+    "\nmlx_rmsnorm report: the default stream is the CPU and nothing is patched: MLX's own norm ran, "
+    "which MLX expands into plain ops on the CPU, so builtin_RMSNorm and builtin_LayerNorm (and "
+    "their VJPs) stay 0 there whatever the program ran"
+)
+GPU_WITHOUT_KERNELS_NOTE = (
+    "\nmlx_rmsnorm report: the default device is a GPU and this build has no CUDA kernels of ours "
+    "(has_cuda_kernels() is False): MLX's own norm runs there, patched or not"
+)
+
+
+def _device_note() -> str:
+    """Which implementation the default device runs, where that is not the
+    plugin's kernels."""
+    import mlx.core as mx
+
+    import mlx_rmsnorm
+
+    from . import _patching
+
+    if mx.default_device() == mx.cpu:
+        if not mlx_rmsnorm.is_patched():
+            return CPU_UNPATCHED_NOTE
+        return CPU_ROUTED_NOTE if _patching.routes_cpu() else CPU_NOTE
+    if not mlx_rmsnorm.has_cuda_kernels():
+        return GPU_WITHOUT_KERNELS_NOTE
+    return ""
+
+
 def summary() -> str:
+    """The report: what ran, one statement a line."""
     import mlx_rmsnorm
 
     from . import _fuse
@@ -120,19 +196,15 @@ def summary() -> str:
         f"LayerNormPlugin={c['LayerNormPlugin']} LayerNormPluginVJP={c['LayerNormPluginVJP']} "
         f"builtin_LayerNorm={c['LayerNorm']} builtin_LayerNormVJP={c['LayerNormVJP']} "
         f"AddLayerNormPlugin={c['AddLayerNormPlugin']} AddLayerNormPluginVJP={c['AddLayerNormPluginVJP']}"
-        f"{sampled}\n"
+        f"{sampled} (nodes of each primitive in the graphs that mx.grad, mx.value_and_grad and "
+        f"mx.vjp made)\n"
         f"mlx_rmsnorm report: fused={mlx_rmsnorm.is_fused()} blocks_fused={blocks['fused']} "
         f"blocks_unfused={sum(v for k, v in blocks.items() if k != 'fused')}"
         + (f" ({fallbacks})" if fallbacks else "")
-        + (CPU_NOTE if mlx_rmsnorm.is_patched() and mx.default_device() == mx.cpu
-           and not _fuse._cpu_plugin else "")
+        + " (calls of mlx-lm decoder blocks under patch(fuse=True): fused, or run as their own code)\n"
+        + _built_line()
+        + _device_note()
     )
-
-
-CPU_NOTE = (
-    "\nmlx_rmsnorm report: the default stream is the CPU, where patch() runs MLX's own norm "
-    "(expanded into plain ops, not counted above); MLX_RMSNORM_ROUTE_CPU=1 runs the plugin there"
-)
 
 
 def install_report() -> None:
@@ -143,58 +215,101 @@ def install_report() -> None:
     if _installed:
         return
     _installed = True
+    import mlx.core as mx
+
     mx.value_and_grad = _counting(mx.value_and_grad)
     mx.grad = _counting(mx.grad)
     mx.vjp = _counting_call(mx.vjp)
     atexit.register(lambda: print(summary(), file=sys.stderr, flush=True))
 
 
-# MLX_RMSNORM_PATCH's values: what patch() gets for each ("" and "0": off).
+# --- the variables --------------------------------------------------------------
+# One rule for all of them (see the module's docstring). The .pth line
+# (build_backend/mlx_rmsnorm_build.py, PTH_LINE) imports the package when
+# MLX_RMSNORM_PATCH or MLX_RMSNORM_REPORT is not off, or any of them holds a
+# value these rules refuse; tests/test_variables.py checks that the two agree.
+ON = ("1", "true", "yes", "on")
+OFF = ("", "0", "false", "no", "off")
+# MLX_RMSNORM_PATCH's values: what patch() gets for each (OFF: no patch()).
 _PATCH_VALUES = {"1": False, "fuse": True}
+SWITCHES = ("MLX_RMSNORM_ROUTE_CPU", "MLX_RMSNORM_REPORT")
+# Set on sys by the .pth line just before it imports the package: the import
+# runs inside site at interpreter start (the only way to know it: from Python
+# 3.11 site is frozen, and addsitedir can run it later too).
+FROM_PTH = "_mlx_rmsnorm_from_pth"
 
 
 def _bad_variable(message: str) -> None:
     """A wrong value is an error, never a silent default. From the .pth, at
-    interpreter start, an exception would be printed and the program run
-    unpatched: there the process stops with the one line instead."""
-    in_site = any(
-        f.f_code.co_name == "addpackage" and f.f_code.co_filename.endswith("site.py")
-        for f in _frames()
-    )
-    if in_site:
-        print(message, file=sys.stderr)
-        raise SystemExit(2)
+    interpreter start, site would print an exception as a traceback and run
+    the program unpatched, and a SystemExit there is a "Fatal Python error"
+    with a traceback of site: so the process prints the one line and ends
+    at once (status 2). Elsewhere (``import mlx_rmsnorm``) a ValueError."""
+    if getattr(sys, FROM_PTH, False):
+        try:
+            sys.stdout.flush()
+        except Exception:  # noqa: BLE001 - the line below is what matters
+            pass
+        print(message, file=sys.stderr, flush=True)
+        os._exit(2)
     raise ValueError(message)
 
 
-def _frames():
-    f = sys._getframe()
-    while f is not None:
-        yield f
-        f = f.f_back
+def _raw(name: str) -> str:
+    return os.environ.get(name, "")
+
+
+def read_environment() -> dict:
+    """Every variable, checked before anything is applied (a bad value
+    anywhere stops the program with nothing patched): ``patch`` (None: off;
+    else patch()'s ``fuse``), ``MLX_RMSNORM_ROUTE_CPU`` and
+    ``MLX_RMSNORM_REPORT`` (bool), ``rows`` (MLX_RMSNORM_FUSE_MIN_ROWS's
+    digits, "" when unset). Needs no MLX."""
+    found: dict = {}
+    value = _raw("MLX_RMSNORM_PATCH").strip().lower()
+    if value in OFF:
+        found["patch"] = None
+    elif value in _PATCH_VALUES:
+        found["patch"] = _PATCH_VALUES[value]
+    else:
+        _bad_variable(
+            f"mlx_rmsnorm: MLX_RMSNORM_PATCH={_raw('MLX_RMSNORM_PATCH')!r} is not one of 1 (patch()), "
+            "fuse (patch(fuse=True)) or an off value (0, false, no, off, empty); set one of them "
+            "or unset the variable."
+        )
+    for name in SWITCHES:
+        value = _raw(name).strip().lower()
+        if value not in ON + OFF:
+            _bad_variable(
+                f"mlx_rmsnorm: {name}={_raw(name)!r} is neither on (1, true, yes, on) nor off "
+                "(0, false, no, off, empty); set one of them or unset the variable."
+            )
+        found[name] = value in ON
+    rows = _raw("MLX_RMSNORM_FUSE_MIN_ROWS").strip()
+    if rows and not (rows.isascii() and rows.isdigit()):  # isdigit alone takes '³'
+        _bad_variable(
+            f"mlx_rmsnorm: MLX_RMSNORM_FUSE_MIN_ROWS={_raw('MLX_RMSNORM_FUSE_MIN_ROWS')!r} is not a "
+            "row count (an integer >= 0 in the digits 0-9); set one or unset the variable for the "
+            "default."
+        )
+    found["rows"] = rows
+    return found
 
 
 def from_environment() -> None:
+    """``import mlx_rmsnorm`` applies the variables."""
+    found = read_environment()
+    if hasattr(sys, FROM_PTH):  # the .pth's import is done with its checks
+        delattr(sys, FROM_PTH)
     import mlx_rmsnorm
     from mlx_rmsnorm import _fuse
 
-    rows = os.environ.get("MLX_RMSNORM_FUSE_MIN_ROWS", "").strip()
+    rows = found["rows"]
     if rows:  # before MLX_RMSNORM_PATCH: the first fused call reads it
-        if not rows.isdigit():
-            _bad_variable(
-                f"mlx_rmsnorm: MLX_RMSNORM_FUSE_MIN_ROWS={rows!r} is not a row count (an integer "
-                f">= 0; default {_fuse.MIN_ROWS}); set one or unset the variable."
-            )
-        _fuse.MIN_ROWS = int(rows)
-    value = os.environ.get("MLX_RMSNORM_PATCH", "").strip()
-    if value not in ("", "0"):
-        if value.lower() not in _PATCH_VALUES:
-            _bad_variable(
-                f"mlx_rmsnorm: MLX_RMSNORM_PATCH={value!r} is not one of 1 (patch()), "
-                "fuse (patch(fuse=True)) or 0 (off); set one of them or unset the variable."
-            )
-        mlx_rmsnorm.patch(fuse=_PATCH_VALUES[value.lower()])
-    if _enabled("MLX_RMSNORM_ROUTE_CPU"):
+        _fuse.set_min_rows(int(rows))
+    if found["patch"] is not None:
+        mlx_rmsnorm.patch(fuse=found["patch"])
+    if found["MLX_RMSNORM_ROUTE_CPU"]:
         mlx_rmsnorm.route_cpu(True)
-    if _enabled("MLX_RMSNORM_REPORT"):
+    if found["MLX_RMSNORM_REPORT"]:
         install_report()

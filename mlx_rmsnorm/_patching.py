@@ -20,8 +20,8 @@ Semantics (``mx.fast.rms_norm`` is one attribute for the whole process):
   meanwhile -- not by calls made inside them.
 * ``fuse=True`` (``patch``, ``patched``) also rewrites the mlx-lm decoder
   blocks of the architectures in ``_fuse.ARCHITECTURES`` (residual add +
-  norm as ``add_rms_norm``, Gemma's ``1 + w`` in fp32); ``unpatch()`` undoes
-  both. In ``patched(fuse=True)`` blocks the rewrite follows the same rules as
+  norm as ``add_rms_norm``), installed on mlx-lm's model modules as they
+  are imported; ``unpatch()`` undoes both. In ``patched(fuse=True)`` blocks the rewrite follows the same rules as
   the routing: on while any such block is open, then the state from before.
 * On a CPU stream the routed functions run MLX's own ``mx.fast`` op (its
   composition of plain ops), so a CPU program -- MLX's own tests, a user's
@@ -29,12 +29,24 @@ Semantics (``mx.fast.rms_norm`` is one attribute for the whole process):
   computes unpatched; the plugin's CPU path stays for explicit calls
   (``mlx_rmsnorm.rms_norm``, ``RMSNorm``). ``route_cpu(True)`` sends CPU
   streams through the plugin too (the tests exercise the CPU path so).
+* Other functions on ``mx.fast`` (a user's wrapper, a profiler's hook),
+  whoever installed them and whenever: "the state before" is the function
+  that was there, not MLX's. ``patch()`` (and a first ``patched()`` block)
+  replaces whatever ``mx.fast.rms_norm`` / ``mx.fast.layer_norm`` hold
+  with the plugin and keeps it; ``unpatch()`` (and the last block's exit)
+  puts back the function it replaced. A function installed over the plugin
+  while it is on is the program's latest choice and stays: patching again
+  leaves it, and ``unpatch()`` leaves it too, with a RuntimeWarning (it
+  still calls the plugin if it calls what it wrapped; nothing can reach
+  inside it). ``is_patched()`` says whether ``mx.fast`` holds the plugin's
+  functions themselves, so it is False under such a function.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from typing import Any, Callable, Iterator
 
 import mlx.core as mx
@@ -69,6 +81,7 @@ _state_after_blocks = False  # what the last block to close restores
 _local = threading.local()  # .depth: patched() blocks open in this thread
 _open_fuse_blocks = 0  # patched(fuse=True) blocks open now
 _fuse_after_blocks = False  # the block rewrite the last such block restores
+_route_cpu_on = False  # route_cpu()'s setting
 
 
 # What patch() puts on mx.fast: mx.fast's signatures, MLX's own op on a CPU
@@ -78,14 +91,58 @@ ROUTED_RMS_NORM = _ext.routed_rms_norm
 ROUTED_LAYER_NORM = _ext.routed_layer_norm
 
 
+_ROUTED = (("rms_norm", ROUTED_RMS_NORM), ("layer_norm", ROUTED_LAYER_NORM))
+
+
+def _saved_attr(name: str) -> str:
+    # What patch() replaced, to be put back: kept on mx.fast (like MLX's own
+    # function) so that a reload of this module does not lose it; None or
+    # absent while the routing is off.
+    return f"_mlx_rmsnorm_replaced_{name}"
+
+
+def _routing_on() -> bool:
+    """Whether our routing is on: patch() installed it and nothing undid it
+    (a function installed over it since may hide it: see is_patched)."""
+    return getattr(mx.fast, _saved_attr("rms_norm"), None) is not None
+
+
 def _set(on: bool) -> None:
-    mx.fast.rms_norm = ROUTED_RMS_NORM if on else BUILTIN
-    mx.fast.layer_norm = ROUTED_LAYER_NORM if on else BUILTIN_LAYER_NORM
+    """Switch the routing; only ever replaces what patch() put there or
+    what it replaced (see the module's docstring, "Other functions")."""
+    for name, ours in _ROUTED:
+        attr = _saved_attr(name)
+        current = getattr(mx.fast, name)
+        replaced = getattr(mx.fast, attr, None)
+        if on:
+            if current is ours:
+                if replaced is None:  # put there by hand: unpatch() restores MLX's own
+                    setattr(mx.fast, attr, BUILTIN if name == "rms_norm" else BUILTIN_LAYER_NORM)
+                continue
+            if replaced is not None and current is not replaced:
+                continue  # installed over ours while on: the program's latest choice stays
+            setattr(mx.fast, attr, current)  # MLX's function, or whatever was there
+            setattr(mx.fast, name, ours)
+        elif replaced is not None:
+            if current is ours:
+                setattr(mx.fast, name, replaced)
+            else:
+                warnings.warn(
+                    f"mlx_rmsnorm: mx.fast.{name} was replaced after patch() (by {current!r}); "
+                    "unpatch() leaves that function in place, and it calls the plugin if it "
+                    "calls what it replaced",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            setattr(mx.fast, attr, None)
 
 
 def is_patched() -> bool:
-    """Whether ``mx.fast.rms_norm`` and ``mx.fast.layer_norm`` currently run
-    the plugin."""
+    """Whether ``mx.fast.rms_norm`` and ``mx.fast.layer_norm`` currently are
+    the plugin's routed functions. Those run our kernels on a GPU stream, the
+    plugin's CPU path on a CPU stream only with :func:`route_cpu` (else MLX's
+    own op, as on a stream without our kernels); a function installed over
+    them since patch() makes this False."""
     return mx.fast.rms_norm is ROUTED_RMS_NORM and mx.fast.layer_norm is ROUTED_LAYER_NORM
 
 
@@ -93,11 +150,18 @@ def route_cpu(on: bool) -> bool:
     """Whether calls on a CPU stream run the plugin under ``patch()`` (and
     the fused blocks fuse there); returns the previous setting. Off by
     default: there ``patch()`` keeps MLX's own op."""
+    global _route_cpu_on
     _check_bool("route_cpu", "on", on)
     with _lock:
         was = _ext._set_route_cpu(on)
-        _fuse._cpu_plugin = on
+        _route_cpu_on = on
+        _fuse.set_route_cpu(on)
         return was
+
+
+def routes_cpu() -> bool:
+    """The :func:`route_cpu` setting (for the report)."""
+    return _route_cpu_on
 
 
 def _check_bool(fn: str, name: str, value: Any) -> None:
@@ -124,7 +188,10 @@ def _switch(on: bool, fuse: bool = False) -> None:
 
 
 def is_fused() -> bool:
-    """Whether ``patch(fuse=True)``'s rewrite of mlx-lm's blocks is on."""
+    """Whether ``patch(fuse=True)``'s rewrite of mlx-lm's blocks is on: from
+    ``patch(fuse=True)`` to ``unpatch()``, whether the model modules are
+    imported yet (rewritten then) or not (rewritten when they are); False
+    where mlx-lm is not installed."""
     return _fuse.is_fused()
 
 
@@ -134,9 +201,12 @@ def patch(fuse: bool = False) -> None:
 
     With ``fuse=True``, also rewrite the decoder blocks of the mlx-lm
     architectures in :func:`fused_architectures` so that a residual add
-    followed by a norm runs as one :func:`add_rms_norm`, and Gemma's norms
-    form ``1 + w`` in fp32. ``patch()`` without it leaves an earlier
-    rewrite on. Process-wide and idempotent; undone by :func:`unpatch`.
+    followed by a norm runs as one :func:`add_rms_norm` (Gemma's ``1 + w``
+    formed as mlx-lm forms it, in the weight's dtype); the blocks are
+    rewritten when mlx-lm's model modules are imported (at once for those
+    already imported), and without mlx-lm only the routing is on, with a
+    warning. ``patch()`` without it leaves an earlier rewrite on.
+    Process-wide and idempotent; undone by :func:`unpatch`.
     """
     _check_bool("patch", "fuse", fuse)
     _switch(True, fuse)
@@ -162,7 +232,7 @@ def patched(fuse: bool = False) -> Iterator[None]:
     _check_bool("patched", "fuse", fuse)
     with _lock:
         if _open_blocks == 0:
-            _state_after_blocks = is_patched()
+            _state_after_blocks = _routing_on()
             _fuse_after_blocks = is_fused()
         _open_blocks += 1
         _local.depth = getattr(_local, "depth", 0) + 1

@@ -175,3 +175,15 @@ def test_mlx_lm_lora_through_the_wrapper(tmp_path):
     assert patched and c["graphs"] >= 1
     assert c["plugin"] > 0 and c["plugin_vjp"] > 0
     assert c["builtin"] == 0 and c["builtin_vjp"] == 0
+
+
+def test_help_lists_every_fused_architecture():
+    import mlx_rmsnorm
+
+    r = subprocess.run([sys.executable, "-m", "mlx_rmsnorm", "--help"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "usage" not in r.stderr
+    listed = " ".join(r.stdout.split())
+    names = mlx_rmsnorm.fused_architectures()
+    assert "gpt2" in names and "phimoe" in names  # LayerNorm blocks too, not only RMSNorm ones
+    assert ", ".join(names) in listed, r.stdout
