@@ -132,7 +132,7 @@ def test_layer_norm_call_wrapped_before_patch_leaves_only_the_layer_norm_blocks(
     original = nn.LayerNorm.__call__
     calls = []
     nn.LayerNorm.__call__ = _counting_wrapper(original, calls)
-    _fuse._nn_layer_norm_call = None  # as in a fresh process: checked at the next apply()
+    _fuse._norm_calls.pop("layer", None)  # as in a fresh process: checked at the next install
     try:
         model = make("gpt2")
         x, _ = tokens()
@@ -149,7 +149,7 @@ def test_layer_norm_call_wrapped_before_patch_leaves_only_the_layer_norm_blocks(
     finally:
         mlx_rmsnorm.unpatch()
         nn.LayerNorm.__call__ = original
-        _fuse._nn_layer_norm_call = None
+        _fuse._norm_calls.pop("layer", None)
 
 
 def _counting_wrapper(fn, calls):
@@ -414,20 +414,30 @@ def test_fingerprint_follows_a_replaced_code_object():
 
 
 def test_every_entry_matches_the_installed_mlx_lm():
-    # the pinned mlx-lm: every entry installs (no fingerprint mismatch)
+    # the pinned mlx-lm: every entry installs (no fingerprint mismatch); its
+    # modules imported first (an entry is installed when its module is)
+    import importlib
+
+    for spec in _fuse.ARCHITECTURES.values():
+        importlib.import_module(spec.module)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         mlx_rmsnorm.patch(fuse=True)
     assert _fuse.skipped() == {}
-    assert len(_fuse._installed) == len({sw.key for sws in _fuse.ARCHITECTURES.values() for sw in sws})
+    assert len(_fuse._installed) == len({spec.key for spec in _fuse.ARCHITECTURES.values()})
     # the fingerprints are of the installed sources (not a stale list that
-    # happens to install): each entry's original, and MLX's norms
-    for sws in _fuse.ARCHITECTURES.values():
-        for sw in sws:
-            assert _fuse.fingerprint(_fuse._installed[sw.key].original) in sw.sources, sw.key
+    # happens to install): each entry's original, the norms and helpers it
+    # checks, and MLX's norms
+    for spec in _fuse.ARCHITECTURES.values():
+        mod = importlib.import_module(spec.module)
+        assert _fuse.fingerprint(_fuse._installed[spec.key].original) in spec.sources, spec.key
+        if spec.norm_class is not None:
+            assert _fuse.fingerprint(getattr(mod, spec.norm_class).__call__) in spec.norm_sources, spec.key
+        for name, sources in spec.helpers:
+            assert _fuse.fingerprint(getattr(mod, name)) in sources, (spec.key, name)
     assert _fuse.fingerprint(nn.RMSNorm.__call__) in _fuse.NN_RMS_NORM
     assert _fuse.fingerprint(nn.LayerNorm.__call__) in _fuse.NN_LAYER_NORM
-    assert {sw.module for sw in _fuse.ARCHITECTURES["gpt2"] + _fuse.ARCHITECTURES["stablelm"]} == {
+    assert {_fuse.ARCHITECTURES["gpt2"].module, _fuse.ARCHITECTURES["stablelm"].module} == {
         "mlx_lm.models.gpt2", "mlx_lm.models.stablelm"}
 
 
@@ -451,8 +461,9 @@ def test_float16_gemma3_keeps_clip_residual():
     model = make("gemma3_text", mx.float16)
     x, _ = tokens()
     want, got = patched_and_fused(model, x)
-    # the blocks run their own code; the norms form 1 + w in fp32, not float16
-    assert close(got.astype(mx.float32), want.astype(mx.float32), 2e-2)
+    # the blocks run their own code, and so do their norms (Gemma's 1 + w as
+    # mlx-lm forms it, no longer in fp32): what patch() computes, bit for bit
+    assert mx.array_equal(got, want)
     assert _fuse.counts()["fallback:float16 (clip_residual)"] == 2
 
 
@@ -490,10 +501,17 @@ def test_cpu_stream_default_runs_the_builtin_and_the_original_blocks():
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
-def test_few_rows_run_the_blocks_own_code(name, monkeypatch):
-    """Below MIN_ROWS rows (a decode step) a block runs its own code, bit for
-    bit what patch() alone computes; from MIN_ROWS up it fuses."""
-    monkeypatch.setattr(_fuse, "MIN_ROWS", 48)  # the tokens' 3 x 16 rows
+def test_few_rows_run_the_blocks_own_code(name):
+    """Below min_rows() rows (a decode step) a block runs its own code, bit
+    for bit what patch() alone computes; from min_rows() up it fuses."""
+    was = _fuse.set_min_rows(48)  # the tokens' 3 x 16 rows
+    try:
+        _few_rows_cases(name)
+    finally:
+        _fuse.set_min_rows(was)
+
+
+def _few_rows_cases(name):
     model = make(name)
     x, _ = tokens()
     for rows, fused in ((x[:1, :5], False), (x[:2, :12], False), (x, True)):
@@ -509,7 +527,7 @@ def test_few_rows_run_the_blocks_own_code(name, monkeypatch):
 
 
 def test_min_rows_default_and_variable():
-    code = "from mlx_rmsnorm import _fuse; print('RAN', _fuse.MIN_ROWS)"
+    code = "from mlx_rmsnorm import _fuse; print('RAN', _fuse.min_rows())"
     env = {k: v for k, v in os.environ.items() if k != "MLX_RMSNORM_FUSE_MIN_ROWS"}
     for extra, want in (({}, "RAN 64"), ({"MLX_RMSNORM_FUSE_MIN_ROWS": "0"}, "RAN 0"),
                         ({"MLX_RMSNORM_FUSE_MIN_ROWS": "128"}, "RAN 128")):
