@@ -1,6 +1,8 @@
-"""mx.export_function / mx.exporter with the plugin in the traced function: the
-file holds what the built-in would have written, so it imports (and runs)
-where mlx-rmsnorm is not installed."""
+"""The export hook (mx.export_function / mx.exporter with the plugin in the
+traced function) and models exported under patch(): the file holds what the
+built-in would have written, so it imports (and runs) where mlx-rmsnorm is not
+installed. Each op's own export (every switch, shapeless, several traces) is
+in its family's suite (test_rms_norm.py, test_layer_norm.py)."""
 
 import os
 import subprocess
@@ -103,41 +105,6 @@ def dict_from(keys, flat):
     from mlx.utils import tree_unflatten
 
     return tree_unflatten(list(zip(keys, flat)))
-
-
-def test_direct_calls_and_exporter_with_several_traces(tmp_path):
-    w = random((24,), mx.bfloat16, 8, 0.3, 1.0)
-    layer = mlx_rmsnorm.RMSNorm(24)
-
-    def f(x, g):
-        y = mlx_rmsnorm.rms_norm(x, w, EPS)
-        gx, gw = mlx_rmsnorm.rms_norm_vjp(x, w, g, EPS)
-        gx_only, none = mlx_rmsnorm.rms_norm_vjp(x, w, g, EPS, need_gw=False)
-        assert none is None
-        return y, gx, gw, gx_only, layer(x)
-
-    path = str(tmp_path / "direct.mlxfn")
-    xs = [random((3, 24), mx.bfloat16, 9), random((2, 5, 24), mx.bfloat16, 10)]
-    gs = [random(x.shape, mx.bfloat16, 11) for x in xs]
-    with mx.exporter(path, f) as exporter:
-        for x, g in zip(xs, gs):
-            exporter(x, g)
-    assert plugin_free(path)
-    imported = mx.import_function(path)
-    for x, g in zip(xs, gs):
-        for a, b in zip(imported(x, g), f(x, g)):
-            assert a.dtype == b.dtype and a.shape == b.shape
-            assert rel_err(a, to_numpy(b)) <= 2e-2  # bf16: the built-in's vs our roundings
-
-
-def test_shapeless_export(tmp_path):
-    w = random((40,), mx.float32, 12)
-    path = str(tmp_path / "shapeless.mlxfn")
-    mx.export_function(path, lambda x: mlx_rmsnorm.rms_norm(x, w, EPS), random((2, 40), mx.float32, 13),
-                       shapeless=True)
-    x = random((7, 40), mx.float32, 14)
-    (out,) = mx.import_function(path)(x)
-    assert rel_err(out, to_numpy(mx.fast.rms_norm(x, w, EPS))) <= 1e-6
 
 
 def test_flag_is_cleared_when_the_traced_function_raises(tmp_path):

@@ -1,176 +1,25 @@
-"""The ops' contract at its edges, against a float64 NumPy reference and
-against MLX's built-in (or its composition of plain ops): what patch() puts in
-mx.fast's place on a CPU stream, empty arrays under every transform, jvp,
-float64, vmap over the weight, grad-of-grad, the fused adds' broadcast
-residuals, and error messages that name the op and the argument."""
+"""The transform contract of the ops, shared by the family suites: every
+transform (call, grad, vjp, jvp, grad of grad, vmap over every input, the
+first or the weights, on axis 0 or 1, compile, compile of grad, and both
+shapeless) of ours and of the built-in (or MLX's composition of it), compared
+with each other and with a float64 reference by complex steps
+(norm_refs.np_*): values, shapes and dtypes. `check` returns what differs;
+`run_contract` runs it on a device and asserts nothing does."""
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import DEVICES, unbroadcast
+from norm_refs import (EPS, np_add, np_add_layer, np_add_layer_vjp, np_add_layer_vjp_inputs, np_add_vjp,
+                       np_add_vjp_inputs, np_layer, np_layer_vjp, np_rms, np_rms_vjp)
 
 from mlx_rmsnorm import _ext
-
-EPS = 1e-5
-# the NumPy references of rows of no elements
-pytestmark = pytest.mark.filterwarnings("ignore:Mean of empty slice:RuntimeWarning")
-
 
 # MLX's own functions, whatever patch() state another test left (the
 # package keeps them on mx.fast when it is imported).
 BUILTIN_RMS_NORM = getattr(mx.fast, "_mlx_rmsnorm_builtin_rms_norm", mx.fast.rms_norm)
 BUILTIN_LAYER_NORM = getattr(mx.fast, "_mlx_rmsnorm_builtin_layer_norm", mx.fast.layer_norm)
 
-
-# --- patch()'s routed functions -------------------------------------------
-
-
-@pytest.fixture
-def route_cpu():
-    was = _ext._set_route_cpu(True)
-    yield
-    _ext._set_route_cpu(was)
-
-
-@pytest.fixture
-def builtin_on_cpu():
-    # the default, which the suite's MLX_RMSNORM_ROUTE_CPU=1 (conftest) turns off
-    was = _ext._set_route_cpu(False)
-    yield
-    _ext._set_route_cpu(was)
-
-
-def test_routed_signatures_are_mx_fast():
-    for ours, theirs in [(_ext.routed_rms_norm, BUILTIN_RMS_NORM),
-                         (_ext.routed_layer_norm, BUILTIN_LAYER_NORM)]:
-        head, doc = ours.__doc__.split("\n", 1)
-        their_head, their_doc = theirs.__doc__.split("\n", 1)
-        assert doc == their_doc
-        assert head.split("(", 1)[1] == their_head.split("(", 1)[1]
-
-
-def test_routed_cpu_is_the_builtin_bit_for_bit(builtin_on_cpu):
-    # N = 4099 float32: MLX's own test_fast.py case where ours differs from
-    # the built-in's composition in the last bits.
-    mx.random.seed(3)
-    x = mx.random.normal((8, 4099))
-    w = mx.random.normal((4099,))
-    b = mx.random.normal((4099,))
-    assert not mx.array_equal(_ext.rms_norm(x, w, EPS), BUILTIN_RMS_NORM(x, w, EPS))
-    for s in ({}, {"stream": mx.cpu}, {"stream": mx.default_stream(mx.cpu)}):
-        assert mx.array_equal(_ext.routed_rms_norm(x, w, EPS, **s), BUILTIN_RMS_NORM(x, w, EPS))
-        assert mx.array_equal(_ext.routed_layer_norm(x, w, b, EPS, **s),
-                              BUILTIN_LAYER_NORM(x, w, b, EPS))
-    # its gradients too, second order included
-    def loss(f):
-        return lambda x, w: (f(x, w, EPS) ** 2).sum()
-
-    def gx2(f):
-        return mx.grad(lambda x: mx.grad(loss(f))(x, w).sum())(x)
-
-    for ours, theirs in [(mx.grad(loss(_ext.routed_rms_norm), argnums=(0, 1))(x, w),
-                          mx.grad(loss(BUILTIN_RMS_NORM), argnums=(0, 1))(x, w)),
-                         ([gx2(_ext.routed_rms_norm)], [gx2(BUILTIN_RMS_NORM)])]:
-        for a, t in zip(ours, theirs):
-            assert mx.array_equal(a, t)
-
-
-def test_routed_cpu_flag_runs_the_plugin(route_cpu):
-    mx.random.seed(4)
-    x = mx.random.normal((8, 4099))
-    w = mx.random.normal((4099,))
-    b = mx.random.normal((4099,))
-    assert _ext._set_route_cpu(True) is True
-    assert mx.array_equal(_ext.routed_rms_norm(x, w, EPS), _ext.rms_norm(x, w, EPS))
-    assert mx.array_equal(_ext.routed_layer_norm(x, w, b, EPS), _ext.layer_norm(x, w, b, EPS))
-    xn = np.array(x, dtype=np.float64)
-    want = xn / np.sqrt((xn ** 2).mean(-1, keepdims=True) + EPS) * np.array(w, dtype=np.float64)
-    np.testing.assert_allclose(np.array(_ext.routed_rms_norm(x, w, EPS)), want, rtol=1e-5, atol=1e-5)
-    assert _ext._set_route_cpu(False) is True
-    assert mx.array_equal(_ext.routed_rms_norm(x, w, EPS), BUILTIN_RMS_NORM(x, w, EPS))
-
-
-def test_routed_arguments_are_mx_fast_arguments(builtin_on_cpu):
-    x = mx.ones((2, 8))
-    with pytest.raises(TypeError):
-        _ext.routed_rms_norm(x, None, EPS, offset=1.0)
-    y = _ext.routed_rms_norm(x=x, weight=None, eps=EPS, stream=mx.cpu)
-    assert mx.array_equal(y, BUILTIN_RMS_NORM(x, None, EPS))
-    y = _ext.routed_layer_norm(x=x, weight=None, bias=None, eps=EPS, stream=mx.cpu)
-    assert mx.array_equal(y, BUILTIN_LAYER_NORM(x, None, None, EPS))
-
-
-# --- float64 NumPy references ----------------------------------------------
-# Written with analytic operations only (x * x, not |x|^2; powers, not abs), so
-# that complex-step differentiation gives their derivatives to float64
-# precision: f(a + i h t).imag / h with h = 1e-30 is the directional
-# derivative along t, with no cancellation. The references of every transform
-# below (vjp, jvp, second order, vmap) are built from them that way.
-
 H = 1e-30
-
-
-def _rows(a):
-    return tuple(range(a.ndim - 1))
-
-
-def np_rms(x, w):
-    with np.errstate(all="ignore"):
-        r = (np.mean(x * x, axis=-1, keepdims=True) + EPS) ** -0.5
-    return x * r * w
-
-
-def np_rms_vjp(x, w, g):
-    n = x.shape[-1]
-    with np.errstate(all="ignore"):
-        r = (np.mean(x * x, axis=-1, keepdims=True) + EPS) ** -0.5
-        v = g * w
-        gx = r * v - x * (np.sum(v * x, axis=-1, keepdims=True) / n) * r**3
-    return [gx, np.sum(g * x * r, axis=_rows(x))]
-
-
-def np_layer(x, w, b):
-    with np.errstate(all="ignore"):
-        d = x - np.mean(x, axis=-1, keepdims=True)
-        r = (np.mean(d * d, axis=-1, keepdims=True) + EPS) ** -0.5
-    return d * r * w + b
-
-
-def np_layer_vjp(x, w, g):
-    with np.errstate(all="ignore"):
-        d = x - np.mean(x, axis=-1, keepdims=True)
-        r = (np.mean(d * d, axis=-1, keepdims=True) + EPS) ** -0.5
-        xh = d * r
-        v = g * w
-        gx = r * (v - np.mean(v, axis=-1, keepdims=True)
-                  - xh * np.mean(v * xh, axis=-1, keepdims=True))
-    return [gx, np.sum(g * xh, axis=_rows(x)), np.sum(g, axis=_rows(x))]
-
-
-def np_add(x, r, w):
-    h = x + r
-    return [np_rms(h, w), h]
-
-
-def np_add_vjp_inputs(x, r, w, cy, ch):
-    """Gradients of sum(y * cy + h * ch) of np_add with respect to (x, r, w)."""
-    h = x + r
-    gx, gw = np_rms_vjp(h, w, cy)
-    gh = gx + ch
-    return [unbroadcast(gh, x.shape), unbroadcast(gh, r.shape), gw]
-
-
-def np_add_layer(x, r, w, b):
-    h = x + r
-    return [np_layer(h, w, b), h]
-
-
-def np_add_layer_vjp_inputs(x, r, w, b, cy, ch):
-    """Gradients of sum(y * cy + h * ch) of np_add_layer with respect to (x, r, w, b)."""
-    h = x + r
-    gx, gw, gb = np_layer_vjp(h, w, cy)
-    gh = gx + ch
-    return [unbroadcast(gh, x.shape), unbroadcast(gh, r.shape), gw, gb]
 
 
 class Op:
@@ -201,15 +50,6 @@ def _builtin_add_layer_vjp(h, w, b, gy, gh):
     gx, gw, gb = mx.vjp(lambda h, w, b: [BUILTIN_LAYER_NORM(h, w, b, EPS)], [h, w, b], [gy])[1]
     return [gx + gh, gw, gb]
 
-
-def _np_add_layer_vjp(h, w, b, gy, gh):
-    gx, gw, gb = np_layer_vjp(h, w, gy)
-    return [gx + gh, gw, gb]
-
-
-def _np_add_vjp(h, w, gy, gh):
-    gx, gw = np_rms_vjp(h, w, gy)
-    return [gx + gh, gw]
 
 
 OPS = {
@@ -256,7 +96,7 @@ OPS = {
         "add_rms_norm_vjp",
         lambda h, w, gy, gh: list(_ext.add_rms_norm_vjp(h, w, gy, gh, EPS)),
         _builtin_add_vjp,
-        _np_add_vjp,
+        np_add_vjp,
         "xwxx",
     ),
     "layer_norm_vjp": Op(
@@ -270,7 +110,7 @@ OPS = {
         "add_layer_norm_vjp",
         lambda h, w, b, gy, gh: list(_ext.add_layer_norm_vjp(h, w, b, gy, gh, EPS)),
         _builtin_add_layer_vjp,
-        _np_add_layer_vjp,
+        np_add_layer_vjp,
         "xwwxx",
     ),
 }
@@ -549,29 +389,16 @@ def _transforms(shape):
     return [t for t in TRANSFORMS if not ("shapeless" in t and 0 in shape)]
 
 
-def _run(device, op, shape, dtypes, shapes=None, skip=()):
+
+def run_contract(device, op, shape, dtypes, shapes=None, skip=()):
+    """check() of OPS[op] on `device`, every transform the shape takes but
+    those in `skip`; asserts that nothing differs."""
     if device == mx.gpu and "float64" in dtypes:
         pytest.skip("MLX has no float64 on the GPU (the built-in refuses it alike)")
     with mx.stream(device):
         problems = check(OPS[op], shape, getattr(mx, dtypes[0]), getattr(mx, dtypes[1]),
                          [t for t in _transforms(shape) if t not in skip], shapes)
     assert not problems, "\n".join(problems)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtypes", DTYPES, ids="-".join)
-@pytest.mark.parametrize("shape", EMPTY_SHAPES, ids=str)
-@pytest.mark.parametrize("op", list(OPS))
-def test_empty_arrays_under_every_transform(device, op, shape, dtypes):
-    _run(device, op, shape, dtypes)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtypes", DTYPES, ids="-".join)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("op", list(OPS))
-def test_values_under_every_transform(device, op, shape, dtypes):
-    _run(device, op, shape, dtypes)
 
 
 # x and residual as `x + residual` broadcasts them (h's shape last).
@@ -584,85 +411,3 @@ BROADCASTS = [
     ((2, 1, 8), (3, 8)),
     ((3, 1), (3, 8)),
 ]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtypes", DTYPES[:2], ids="-".join)
-@pytest.mark.parametrize("shapes", BROADCASTS, ids=str)
-@pytest.mark.parametrize("op", ["add_rms_norm", "add_layer_norm"])
-def test_fused_add_broadcasts_like_x_plus_residual(device, op, shapes, dtypes):
-    # gradients of the smaller input summed over the broadcast axes, as the
-    # composition's; every transform
-    n = np.broadcast_shapes(*shapes)[-1]
-    # An x of one column adds the same value to every element of a row, a
-    # shift LayerNorm does not see: the norm's part of x's gradient is zero,
-    # and so is its derivative, which float arithmetic gives as rounding
-    # noise around zero (float64's ~1e-16, the built-in's ~1e-7), nothing a
-    # relative error can compare. The other broadcasts take grad_of_grad.
-    skip = ("grad_of_grad",) if op == "add_layer_norm" and shapes[0][-1] == 1 else ()
-    _run(device, op, (n,), dtypes, shapes=list(shapes), skip=skip)
-
-
-def test_fused_add_broadcast_h_is_the_full_shape():
-    x, r = mx.ones((3, 8)), mx.arange(8, dtype=mx.float32)
-    for y, h in (_ext.add_rms_norm(r, x, None, EPS), _ext.add_layer_norm(r, x, None, None, EPS)):
-        assert h.shape == y.shape == (3, 8)
-        np.testing.assert_array_equal(np.array(h), np.array(x + r))
-
-
-# --- messages: the op, and the argument by the name the user gave it --------
-
-_x = mx.ones((3, 8))
-_w = mx.ones((8,))
-
-
-@pytest.mark.parametrize(
-    "call,says,never",
-    [
-        (lambda: _ext.add_rms_norm(_x.astype(mx.int32), _x.astype(mx.int32), None, EPS),
-         "[add_rms_norm] Received unsupported type int32", "weight"),
-        (lambda: _ext.add_rms_norm(_x, mx.ones((2, 8)), None, EPS),
-         "[add_rms_norm] x of shape (3, 8) and residual of shape (2, 8) do not broadcast", None),
-        (lambda: _ext.add_rms_norm(_x, _x, mx.ones((3,)), EPS),
-         "[add_rms_norm] weight must be 1-D of the size of the last dimension of x + residual (8)",
-         None),
-        (lambda: _ext.add_rms_norm(mx.array(1.0), mx.array(2.0), None, EPS),
-         "[add_rms_norm] x + residual must have at least 1 dimension", None),
-        (lambda: _ext.add_rms_norm_vjp(_x, mx.ones((4,)), _x, _x, EPS),
-         "[add_rms_norm_vjp] weight must have the same size as the last dimension of h, "
-         "but h has 8", " x"),
-        (lambda: _ext.add_rms_norm_vjp(mx.array(1.0), None, mx.array(1.0), mx.array(1.0), EPS),
-         "[add_rms_norm_vjp] h must have at least 1 dimension", None),
-        (lambda: _ext.add_rms_norm_vjp(_x, _w, _x, _x[:2], EPS),
-         "[add_rms_norm_vjp] g_h must have the shape of h (3, 8) but has shape (2, 8)", "g_y"),
-        (lambda: _ext.add_rms_norm_vjp(_x, _w, _x.astype(mx.int32), _x, EPS),
-         "[add_rms_norm_vjp] g_y must be a floating array but has dtype int32", "g_h"),
-        (lambda: _ext.add_rms_norm_vjp(_x.astype(mx.int32), None, _x, _x, EPS),
-         "[add_rms_norm_vjp] Received unsupported type int32 (the result type of h int32)",
-         "weight"),
-        (lambda: _ext.add_layer_norm(_x, mx.ones((2, 8)), None, None, EPS),
-         "[add_layer_norm] x of shape (3, 8) and residual of shape (2, 8) do not broadcast", None),
-        (lambda: _ext.add_layer_norm(_x, _x, None, mx.ones((3,)), EPS),
-         "[add_layer_norm] bias must be 1-D of the size of the last dimension of x + residual (8)",
-         "weight"),
-        (lambda: _ext.add_layer_norm(_x.astype(mx.int32), _x.astype(mx.int32), None, _w, EPS),
-         "[add_layer_norm] Received unsupported type int32", "bias"),
-        (lambda: _ext.add_layer_norm_vjp(_x, _w, mx.ones((4,)), _x, _x, EPS),
-         "[add_layer_norm_vjp] bias must have the same size as the last dimension of h, "
-         "but h has 8", " x"),
-        (lambda: _ext.add_layer_norm_vjp(_x, _w, _w, _x, _x[:2], EPS),
-         "[add_layer_norm_vjp] g_h must have the shape of h (3, 8) but has shape (2, 8)", "g_y"),
-        (lambda: _ext.rms_norm(mx.array(1.0), None, EPS),
-         "[rms_norm] x must have at least 1 dimension", None),
-        (lambda: _ext.rms_norm_vjp(mx.array(1.0), None, mx.array(1.0), EPS),
-         "[rms_norm_vjp] x must have at least 1 dimension", None),
-        (lambda: _ext.layer_norm(mx.array(1.0), None, None, EPS),
-         "[layer_norm] x must have at least 1 dimension", None),
-    ],
-)
-def test_messages_name_the_op_and_the_argument(call, says, never):
-    with pytest.raises(ValueError) as e:
-        call()
-    assert says in str(e.value)
-    if never is not None:
-        assert never not in str(e.value)
