@@ -12,71 +12,40 @@
 # whether any failed. Steps that need the extension build it first when the
 # tree's build is not there yet (editable, incremental: build/<flavor>-<mlx>/).
 #
-# Build and tools
-#   build         the extension for MLX_RMSNORM_CUDA_ARCHS (default 90; "default":
-#                 every architecture of cuda/CMakeLists.txt, ~2.5 min instead of ~40 s)
-#   cli           standalone kernels (cuda/, no MLX): rmsnorm_backward at three shapes
-#   tune          the backward and forward tuners (cuda/cli)
-# Tests
-#   tests         GPU-marked tests, not bigmem (-n 8 --dist loadgroup), then the modules
-#                 that run on the default device (the fuse and patch tests); TESTS=paths:
-#                 the GPU-marked tests of those paths only
-#   suite         the whole suite, not bigmem (what CI runs, plus the GPU tests)
-#   bigmem        the bigmem tests, alone on the GPU
-#   sanitize      compute-sanitizer over scripts/sanitize_cases.py (SANITIZE_TOOLS,
-#                 SANITIZE_TIMEOUT, RACECHECK_ARGS)
-#   memory        scripts/memory_check.py: active memory flat over 10000 steps
-#   sweep         every mlx-lm architecture under the built-in, patch(), patch(fuse=True)
-#                 (SWEEP_ARGS: more arguments, e.g. "--models llama,gpt2"; SWEEP_JOBS
-#                 processes at once, default 8; SWEEP_LIMIT seconds, default 400)
-# Training and generation
-#   train         examples/train.py (the main job)
-#   transformer   examples/train_transformer.py (TRANSFORMER_PRECISIONS)
-#   trainstep     training steps of the mlx-lm shapes (examples/bench_train_step.py)
-#   generate      the generation benchmark (bench --generate)
-# Benchmark
-#   bench         the whole benchmark
-#   bench-training  its training and decode sections
-#   bench-table   the nine big shapes
-#   bench-fused   the fused add + norm section (with the Gemma accuracy figures)
-#   bench-ln      the LayerNorm sections
-# One op's whole check (after a change to it)
-#   fused         the fused add: its tests, bench-fused, training steps and decode of
-#                 the Qwen3/Llama shapes under patch(fuse=True), the RMSNorm GPU tests
-#   layernorm     LayerNorm: its tests, add_layer_norm's tests, bench-ln, bench --fused
-#                 and the gpt2-medium training step, the RMSNorm GPU tests
-# Kernels and the fixed cost of a call
-#   ncu           kernels alone under Nsight Compute: the seed shape and training shapes
-#   profile       Nsight Compute sections of the persistent backward (standalone)
-#                 and of both forwards through MLX (PROFILE_MLX_ONLY)
-#   profile-ln    Nsight Compute sections of LayerNorm's kernels beside our
-#                 RMSNorm's at the same shapes (forward and backward, through MLX)
-#   decode        decode-step forwards under ncu (scripts/decode_kernels.py)
-#   calls         CUDA calls and kernel GPU time per eval (scripts/cuda_calls.py), and
-#                 at decode patch() against patch(fuse=True) (CALLS_FUSE_ONLY=1: that only)
-#   host          host cost per call at decode shapes (scripts/host_overhead.py) and of a
-#                 decode step's graph with and without fuse (scripts/fuse_host_cost.py)
-#   minsize       host cost and generation, this build against one with nanobind's
-#                 -Os (no NOMINSIZE), alternating processes
-# Other GPU families on this GPU (rebuild the extension: run them last)
-#   ptx           PTX-only builds for compute_80 and compute_75: GPU tests, bench table
-#   mismatch      an 80-real build on this GPU: the error users get
+# The steps are this file's run_* functions, one a step (the step's name is
+# the function's, "-" for "_"), each under its one-line description (the
+# "#:" line above it), in the groups of the "#::" lines; --help prints them
+# (usage, below, reads them from here), and a name that is no step is
+# refused before anything runs.
 #
 # Separately: scripts/gpu_install_check.sh (pip install of the CUDA flavor),
 # scripts/gpu_distributed_check.sh (NCCL, 2 GPUs).
 set -uo pipefail
 ROOT="$PWD"
+SELF="${BASH_SOURCE[0]}"
 OUT="${OUT:-$ROOT/results/gpu}"
 BUDGET="${BUDGET:-570}"
-mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 STEPS=("$@")
 [ ${#STEPS[@]} -gt 0 ] || STEPS=(build tests)
-KNOWN=" build cli tune tests suite bigmem sanitize memory sweep train transformer trainstep generate bench
-  bench-training bench-table bench-fused bench-ln fused layernorm ncu profile profile-ln decode calls host minsize ptx mismatch "
+# The step names: one a run_* function of this file.
+steps() { sed -n 's/^run_\([a-z_]*\)() .*/\1/p' "$SELF" | tr _ -; }
+# The header above, then every step with its description, under its group.
+usage() {
+  sed -n '2,/^# scripts\/gpu_distributed_check.sh/s/^# \{0,1\}//p' "$SELF"
+  echo
+  echo "Steps:"
+  awk '/^#:: / { print " " substr($0, 5); next }
+       /^#: / { d = substr($0, 4); next }
+       /^run_[a-z_]*\(\) / { n = substr($1, 5); sub(/\(\).*/, "", n); gsub(/_/, "-", n)
+                             printf "   %-15s %s\n", n, d; d = "" }' "$SELF"
+}
+case " ${STEPS[*]} " in *" --help "* | *" -h "*) usage; exit 0 ;; esac
+KNOWN=" $(steps | tr '\n' ' ')"
 for s in "${STEPS[@]}"; do
   [[ "$KNOWN" == *" $s "* ]] || { echo "unknown step '$s'; steps:$KNOWN" | tr -s ' \n' ' '; echo; exit 2; }
 done
+mkdir -p "$OUT"
 t0=$SECONDS
 failed=()
 step() { echo; echo "=== $1 ($((SECONDS - t0)) s)"; }
@@ -155,8 +124,11 @@ pytest_run() {
 }
 test_paths() { local p; for p in ${TESTS:-tests}; do echo "$ROOT/$p"; done; }
 
+#:: Build and tools
+#: the extension for MLX_RMSNORM_CUDA_ARCHS (default 90; "default": every architecture of cuda/CMakeLists.txt, ~2.5 min instead of ~40 s)
 run_build() { ensure_built; }
 
+#: standalone kernels (cuda/, no MLX): rmsnorm_backward at three shapes
 run_cli() {
   ensure_cli || return 1
   local shape rc=0
@@ -166,6 +138,7 @@ run_cli() {
   return $rc
 }
 
+#: the backward and forward tuners (cuda/cli)
 run_tune() {
   ensure_cli || return 1
   { ./build/cuda/tune_backward 30 && echo && ./build/cuda/tune_forward 30; } 2>&1 | tee "$OUT/tune.log"
@@ -176,6 +149,8 @@ run_tune() {
 # the `device` fixture carry no gpu marker: the tests step runs them too.
 DEFAULT_DEVICE_TESTS="test_fuse.py test_fuse_safety.py test_patch.py test_mlx_lm.py test_export.py
   test_architectures.py test_suite_safety.py"
+#:: Tests
+#: GPU-marked tests, not bigmem (xdist by group), then the modules that run on the default device (fuse, patch); TESTS=paths: those paths' GPU tests only
 run_tests() {
   local f rc=0
   pytest_run tests.log 300 $XDIST -m "gpu and not bigmem" $(test_paths) || rc=1
@@ -185,9 +160,12 @@ run_tests() {
   fi
   return $rc
 }
+#: the whole suite, not bigmem (what CI runs, plus the GPU tests)
 run_suite() { pytest_run suite.log 500 $XDIST -m "not bigmem" $(test_paths); }
+#: the bigmem tests, alone on the GPU
 run_bigmem() { pytest_run bigmem.log 300 -m bigmem $(test_paths); }
 
+#: compute-sanitizer over lab/sanitize_cases.py (SANITIZE_TOOLS, SANITIZE_TIMEOUT, RACECHECK_ARGS)
 run_sanitize() {
   ensure_built || return 1
   local tool start args rc
@@ -197,7 +175,7 @@ run_sanitize() {
     args=""; [ "$tool" = racecheck ] && args="${RACECHECK_ARGS:---max-n 16392 --long-rows 64}"
     # (on a time-out, the last lines say which N it had reached)
     timeout "$(cap "${SANITIZE_TIMEOUT:-170}")" compute-sanitizer --tool "$tool" --print-limit 20 \
-      --error-exitcode 1 python3 scripts/sanitize_cases.py $args 2>&1 | tail -4 | sed "s/^/[$tool] /"
+      --error-exitcode 1 python3 -m lab.sanitize_cases $args 2>&1 | tail -4 | sed "s/^/[$tool] /"
     rc=${PIPESTATUS[0]}
     [ "$rc" = 124 ] && echo "[$tool] TIMED OUT: not every case ran"
     echo "[$tool] $((SECONDS - start)) s (limit ${SANITIZE_TIMEOUT:-170} s), exit $rc"
@@ -205,25 +183,30 @@ run_sanitize() {
   ! grep -q "exit [1-9]" "$OUT/sanitize.log"
 }
 
+#: lab/memory_check.py: active memory flat over 10000 steps
 run_memory() {
   ensure_built || return 1
-  timeout "$(cap 300)" python3 scripts/memory_check.py --steps 10000 2>&1 | tee "$OUT/memory.log" | tail -6
+  timeout "$(cap 300)" python3 -m lab.memory_check --steps 10000 2>&1 | tee "$OUT/memory.log" | tail -6
   return "${PIPESTATUS[0]}"
 }
 
+#: every mlx-lm architecture under the built-in, patch(), patch(fuse=True) (python -m lab.sweep; SWEEP_ARGS e.g. "--models llama,gpt2", SWEEP_JOBS processes, default 8, SWEEP_LIMIT s, default 400)
 run_sweep() {
   ensure_built || return 1
-  timeout -s INT -k 20 "$(cap "${SWEEP_LIMIT:-400}")" python3 scripts/arch_sweep.py --out "$OUT/sweep" --no-progress --jobs "${SWEEP_JOBS:-8}" ${SWEEP_ARGS:-} 2>&1 \
+  timeout -s INT -k 20 "$(cap "${SWEEP_LIMIT:-400}")" python3 -m lab.sweep --out "$OUT/sweep" --no-progress --jobs "${SWEEP_JOBS:-8}" ${SWEEP_ARGS:-} 2>&1 \
     | tee "$OUT/sweep.log" | tail -30
   return "${PIPESTATUS[0]}"
 }
 
+#:: Training and generation
+#: examples/train.py (the main job)
 run_train() {
   ensure_built || return 1
   timeout "$(cap 200)" python3 examples/train.py 2>&1 | tee "$OUT/train.log" | tail -25
   return "${PIPESTATUS[0]}"
 }
 
+#: examples/train_transformer.py (TRANSFORMER_PRECISIONS)
 run_transformer() {
   ensure_built || return 1
   local precision rc=0
@@ -240,6 +223,7 @@ run_transformer() {
   return $rc
 }
 
+#: training steps of the mlx-lm shapes (examples/bench_train_step.py; TRAINSTEP_ARGS)
 run_trainstep() {
   ensure_built || return 1
   # built-in, patch(), patch(fuse=True); TRAINSTEP_ARGS adds e.g. --decode 32
@@ -250,11 +234,18 @@ run_trainstep() {
   return "${PIPESTATUS[0]}"
 }
 
+#: the generation benchmark (bench --generate)
 run_generate() { bench generate.log 200 --generate; }
+#:: Benchmark
+#: the whole benchmark
 run_bench() { bench bench.log 500; }
+#: its training and decode sections
 run_bench_training() { bench bench-training.log 150 --sections training,decode --repeats 5 --singles 5; }
+#: the nine big shapes
 run_bench_table() { bench bench-table.log 120 --sections table --repeats 5; }
+#: the fused add + norm section (with the Gemma accuracy figures)
 run_bench_fused() { bench bench-fused.log 120 --fused --repeats 5; }
+#: the LayerNorm sections
 run_bench_ln() { bench bench-ln.log 150 --sections ln_training,ln_table --repeats 5; }
 
 # the RMSNorm kernels' GPU tests, which the fused add and LayerNorm share code with
@@ -263,6 +254,8 @@ rms_gpu_tests() {
     "$ROOT/tests/test_determinism.py"
 }
 
+#:: One op's whole check (after a change to it)
+#: the fused add: its tests, bench-fused, training steps and decode of the Qwen3/Llama shapes under patch(fuse=True), the RMSNorm GPU tests
 run_fused() {
   local rc=0
   pytest_run tests-fused.log 150 $XDIST --maxfail=10 "$ROOT/tests/test_fused_add.py" "$ROOT/tests/test_fuse.py" || rc=1
@@ -274,6 +267,7 @@ run_fused() {
   return $rc
 }
 
+#: LayerNorm: its tests, add_layer_norm's tests, bench-ln, bench --fused and the gpt2-medium training step, the RMSNorm GPU tests
 run_layernorm() {
   local rc=0
   pytest_run tests-ln.log 150 $XDIST --maxfail=10 "$ROOT/tests/test_layer_norm.py" || rc=1
@@ -288,12 +282,14 @@ run_layernorm() {
   return $rc
 }
 
+#:: Kernels and the fixed cost of a call
+#: kernels alone under Nsight Compute: the seed shape and training shapes (lab/profile_training.py)
 run_ncu() {
   ensure_built || return 1
   PROFILE_SHAPES=16384x8192,4096x896,8192x1024,32768x5120 timeout "$(cap 150)" ncu --clock-control none --csv \
     --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-    python3 scripts/profile_training.py >/tmp/ncu.csv 2>/dev/null
-  python3 scripts/profile_training.py --report /tmp/ncu.csv 2>&1 | tee "$OUT/ncu-training.txt"
+    python3 -m lab.profile_training >/tmp/ncu.csv 2>/dev/null
+  python3 -m lab.profile_training --report /tmp/ncu.csv 2>&1 | tee "$OUT/ncu-training.txt"
   return "${PIPESTATUS[0]}"
 }
 
@@ -307,6 +303,7 @@ ncu_sections() {
     --launch-count "$count" "$@" 2>&1 | grep -v "^==PROF==" | grep -vi "^  *-\+ *$"
 }
 
+#: Nsight Compute sections of the persistent backward (standalone) and of both forwards through MLX (PROFILE_MLX_ONLY)
 run_profile() {
   ensure_cli || return 1
   # Nsight Compute on the persistent backward (the table's plan) at the
@@ -326,12 +323,13 @@ run_profile() {
                 "fwd builtin 16384 8192 rms_norm"; do
       set -- $case
       echo "##### $1 $2 $3x$4"
-      ncu_sections 120 "$sections" "$5" 1 1 python3 scripts/profile_case.py $1 $2 $3 $4
+      ncu_sections 120 "$sections" "$5" 1 1 python3 -m lab.profile_case $1 $2 $3 $4
     done >>"$OUT/profile.log" 2>&1
   fi
   grep -E "^#####|bwd_persistent|fwd_rows|rms_norm|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Memory Throughput|Stall|Warp Cycles Per Issued" "$OUT/profile.log" | head -150
 }
 
+#: Nsight Compute sections of LayerNorm's kernels beside our RMSNorm's at the same shapes, through MLX (PROFILE_LN_CASES)
 run_profile_ln() {
   ensure_built || return 1
   local sections="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats"
@@ -345,31 +343,33 @@ run_profile_ln() {
     [ "$dir" = bwd ] && kernels="bwd_|colsum" skip=2 count=2
     for op in layer rms; do
       echo "##### $op $dir ${m}x$n"
-      ncu_sections 60 "$sections" "$kernels" $skip $count python3 scripts/profile_case.py "$dir" ours "$m" "$n" "$op"
+      ncu_sections 60 "$sections" "$kernels" $skip $count python3 -m lab.profile_case "$dir" ours "$m" "$n" "$op"
     done
   done >>"$OUT/profile-ln.log" 2>&1
   grep -E "^#####|fwd_rows|bwd_|colsum|Duration|DRAM Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit Registers|Warp Cycles Per Issued|Stall" \
     "$OUT/profile-ln.log" | head -200
 }
 
+#: decode-step forwards under ncu (lab/decode_kernels.py)
 run_decode() {
   ensure_built || return 1
-  timeout "$(cap 150)" python3 scripts/decode_kernels.py 2>&1 | tee "$OUT/decode-kernels.txt"
+  timeout "$(cap 150)" python3 -m lab.decode_kernels 2>&1 | tee "$OUT/decode-kernels.txt"
   return "${PIPESTATUS[0]}"
 }
 
-# cuda_calls LIMIT FILE ARGS...: scripts/cuda_calls.py into $OUT/FILE, its
+# cuda_calls LIMIT FILE ARGS...: lab/cuda_calls.py into $OUT/FILE, its
 # scenario lines shown; a failed run's last lines too
 cuda_calls() {
   local limit=$1 file=$2
   shift 2
-  timeout "$(cap "$limit")" python3 scripts/cuda_calls.py --out "$OUT/$file" "$@" 2>&1 \
+  timeout "$(cap "$limit")" python3 -m lab.cuda_calls --out "$OUT/$file" "$@" 2>&1 \
     | tee /tmp/calls.log | grep "^##"
   local rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || tail -15 /tmp/calls.log
   return "$rc"
 }
 
+#: CUDA calls and kernel GPU time per eval (lab/cuda_calls.py), and at decode patch() against patch(fuse=True) (CALLS_FUSE_ONLY=1: that only)
 run_calls() {
   ensure_built || return 1
   local rc=0
@@ -382,16 +382,18 @@ run_calls() {
 }
 
 HOST_ARGS=(--shapes 1x1x1024,1x1x16x128,1x1x4096 --calls 200 --repeats 10)
+#: host cost per call at decode shapes and of a decode step's graph with and without fuse (python -m lab.host_cost calls, step)
 run_host() {
   ensure_built || return 1
-  timeout "$(cap 60)" python3 scripts/host_overhead.py "${HOST_ARGS[@]}" 2>&1 \
+  timeout "$(cap 60)" python3 -m lab.host_cost calls "${HOST_ARGS[@]}" 2>&1 \
     | tee "$OUT/host-overhead.txt" | grep -E "calls per eval|^fwd|^bwd|^add|^fused"
   local rc=${PIPESTATUS[0]}
-  timeout "$(cap 90)" python3 scripts/fuse_host_cost.py 2>&1 | tee "$OUT/fuse-host-cost.txt"
+  timeout "$(cap 90)" python3 -m lab.host_cost step 2>&1 | tee "$OUT/fuse-host-cost.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   return $rc
 }
 
+#: host cost and generation, this build against one with nanobind's -Os (no NOMINSIZE), alternating processes
 run_minsize() {
   ensure_built || return 1
   # The same tree with nanobind's default -Os over the whole module, built
@@ -406,7 +408,7 @@ run_minsize() {
     for v in Os O3; do
       path=""; [ "$v" = Os ] && path=/tmp/ext-Os
       echo "--- build $v, pass $rep"
-      (cd /tmp && PYTHONPATH="$path" timeout 60 python3 "$ROOT/scripts/host_overhead.py" "${HOST_ARGS[@]}")
+      (cd /tmp && PYTHONPATH="$path" timeout 60 python3 "$ROOT/lab/host_cost.py" calls "${HOST_ARGS[@]}")
     done
   done 2>&1 | tee "$OUT/host-overhead-Os-vs-O3.log" | grep -E "^---|^fwd|^bwd|^x \+|calls per eval"
   for v in Os O3; do
@@ -417,6 +419,8 @@ run_minsize() {
   done 2>&1 | tee "$OUT/generate-Os-vs-O3.log" | grep -E "^---|decode|prefill"
 }
 
+#:: Other GPU families on this GPU (rebuild the extension: run them last)
+#: PTX-only builds for compute_80 and compute_75: GPU tests, bench table
 run_ptx() {
   # Other GPU families on this GPU: PTX-only builds for compute_80 and
   # compute_75, JIT-compiled by the driver, run those families' paths and
@@ -438,6 +442,7 @@ run_ptx() {
   return $rc
 }
 
+#: an 80-real build on this GPU: the error users get (lab/mismatch_check.py)
 run_mismatch() {
   # An 80-real build (no code for this GPU): every entry point must raise the
   # error that names the GPU and the rebuild command.
@@ -445,7 +450,7 @@ run_mismatch() {
   (cd /tmp/arch80 && MLX_RMSNORM_CUDA_ARCHS=80-real timeout "$(cap 300)" python3 -m pip install \
      --no-build-isolation --no-deps --target /tmp/t80 . >/tmp/build80.log 2>&1) || { tail -20 /tmp/build80.log; return 1; }
   # (from /tmp: the repo root on sys.path would import the editable build)
-  (cd /tmp && PYTHONPATH=/tmp/t80 python3 "$ROOT/scripts/mismatch_check.py") 2>&1 | tee "$OUT/mismatch.log"
+  (cd /tmp && PYTHONPATH=/tmp/t80 python3 "$ROOT/lab/mismatch_check.py") 2>&1 | tee "$OUT/mismatch.log"
   return "${PIPESTATUS[0]}"
 }
 

@@ -1,4 +1,4 @@
-"""mlx-lm architectures built tiny (scripts/arch_sweep.py) give the built-in's
+"""mlx-lm architectures built tiny (lab.sweep) give the built-in's
 logits (with and without a KV cache) and gradients under patch() and
 patch(fuse=True), in float32 and bfloat16, and the built-in again after
 unpatch(). The CI runs a representative subset (dense pre-norm, Gemma's 1 + w
@@ -6,8 +6,6 @@ norms, a mixture of experts, LayerNorm); MLX_RMSNORM_FULL_SWEEP=1 runs every
 model module of the installed mlx-lm. Skipped without mlx-lm."""
 
 import os
-import pathlib
-import sys
 
 import mlx.core as mx
 import pytest
@@ -15,12 +13,10 @@ import pytest
 import mlx_rmsnorm
 
 pytest.importorskip("mlx_lm.models")
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "scripts"))
-import arch_sweep  # noqa: E402
+from lab.sweep import configs, judge, runner  # noqa: E402
 
 FULL = os.environ.get("MLX_RMSNORM_FULL_SWEEP") == "1"
-MODELS = arch_sweep.discover() if FULL else arch_sweep.QUICK
+MODELS = configs.discover() if FULL else configs.QUICK
 # MoE on the CPU: MLX's GatherMM takes float32 only, so the built-in raises in
 # bfloat16 there (recorded as the built-in's); the subset's MoE runs float32.
 CPU_ONLY = mx.default_device() == mx.cpu
@@ -31,15 +27,14 @@ DTYPES = ["float32", "bfloat16"]
 def routed():
     """Under patch(), CPU streams run the plugin (not MLX's built-in) for the
     sweep; the previous setting comes back afterwards."""
-    was = arch_sweep.route_cpu(True)
+    was = runner.route_cpu(True)
     yield
     mlx_rmsnorm.unpatch()
-    if was is not None:
-        arch_sweep.route_cpu(was)
+    runner.route_cpu(was)
 
 
 def _describe(r):
-    keys = [f"{mode}_{k}" for mode in arch_sweep.MODES
+    keys = [f"{mode}_{k}" for mode in judge.MODES
             for k in ("worst", "worst_at", "fails", "error", "gmean")]
     keys += ["unpatch_bitwise", "unpatch_rel", "builtin_note", "fallbacks"]
     return {k: r[k] for k in keys if k in r}
@@ -48,20 +43,20 @@ def _describe(r):
 @pytest.mark.parametrize("name", MODELS)
 def test_architecture_matches_builtin(name, routed):
     if FULL:  # each model in its own process: one that crashes MLX is "not built"
-        rows = arch_sweep.sweep_isolated(name, DTYPES)
+        rows = runner.sweep_isolated(name, DTYPES)
     else:
         was_patched = mlx_rmsnorm.is_patched()
-        rows = arch_sweep.sweep_model(name, DTYPES)
+        rows = runner.sweep_model(name, DTYPES)
         assert mlx_rmsnorm.is_patched() == was_patched and not mlx_rmsnorm.is_fused()
     if not rows[0]["built"]:
-        if name in arch_sweep.QUICK:
+        if name in configs.QUICK:
             pytest.fail(f"{name} did not build: {rows[0]['why']}")
         pytest.skip(f"not built: {rows[0]['why']}")
     for r in rows:
         where = f"{name} {r['dtype']}: {_describe(r)}"
         if r["dtype"] == "float32":
             assert r["builtin_runs"], where
-        for mode in arch_sweep.MODES:
+        for mode in judge.MODES:
             if r[f"{mode}_match"] is None:  # nothing the built-in computes here
                 assert r["builtin_note"].startswith("built-in raises"), where
                 continue
@@ -79,7 +74,7 @@ def test_quick_subset_compares_the_plugin(routed):
     fused_family = set(getattr(mlx_rmsnorm, "fused_architectures", lambda: [])())
     counted = hasattr(getattr(mlx_rmsnorm, "_fuse", None), "counts")
     for name in ("llama", "gemma2", "gpt2"):
-        (r,) = arch_sweep.sweep_model(name, ["float32"])
+        (r,) = runner.sweep_model(name, ["float32"])
         assert r["built"], r.get("why")
         assert sum(r["patch_nodes"].values()) > 0, (name, r["patch_nodes"])
         if CPU_ONLY:
@@ -96,20 +91,20 @@ def test_a_wrong_norm_is_caught(routed, monkeypatch):
     a mismatch (and the built-in runs stay clean)."""
     builtin = mx.fast.rms_norm if not mlx_rmsnorm.is_patched() else None
     assert builtin is not None
-    real_set_mode = arch_sweep.set_mode
+    real_set_mode = runner.set_mode
 
     def set_mode(mode):
         real_set_mode(mode)
         if mode == "patch":
             mx.fast.rms_norm = lambda x, w, eps: builtin(x, w, eps) * (1 + 1e-4)
 
-    monkeypatch.setattr(arch_sweep, "set_mode", set_mode)
+    monkeypatch.setattr(runner, "set_mode", set_mode)
     try:
-        (r,) = arch_sweep.sweep_model("llama", ["float32"])
+        (r,) = runner.sweep_model("llama", ["float32"])
     finally:
         mlx_rmsnorm.unpatch()
     assert mx.fast.rms_norm is builtin
-    assert r["patch_match"] is False and r["patch_worst"] > arch_sweep.FP32_TOL, _describe(r)
+    assert r["patch_match"] is False and r["patch_worst"] > judge.FP32_TOL, _describe(r)
     assert r["fuse_match"] is True and r["unpatch_bitwise"] is True, _describe(r)
 
 
@@ -118,23 +113,23 @@ def test_bf16_control_does_not_excuse_a_wrong_norm(routed, monkeypatch):
     off stays a mismatch (the control is near the built-in, the mode is not),
     while a mode that is the exact norm itself would match by the control."""
     builtin = mx.fast.rms_norm
-    real_set_mode = arch_sweep.set_mode
+    real_set_mode = runner.set_mode
 
     def set_mode(mode):
         real_set_mode(mode)
         if mode == "patch":
             mx.fast.rms_norm = lambda x, w, eps: builtin(x, w, eps) * (1 + 2e-2)
         elif mode == "fuse":
-            mx.fast.rms_norm = arch_sweep._exact_rms_norm
+            mx.fast.rms_norm = runner._exact_rms_norm
 
-    monkeypatch.setattr(arch_sweep, "set_mode", set_mode)
-    monkeypatch.setattr(arch_sweep, "BF16_MEAN", 0.5)  # so that the exact norm fails the line
+    monkeypatch.setattr(runner, "set_mode", set_mode)
+    monkeypatch.setattr(judge, "BF16_MEAN", 0.5)  # so that the exact norm fails the line
     try:
-        (r,) = arch_sweep.sweep_model("llama", ["bfloat16"])
+        (r,) = runner.sweep_model("llama", ["bfloat16"])
     finally:
         mlx_rmsnorm.unpatch()
     assert mx.fast.rms_norm is builtin
     assert r["exact_gmean"] > 0, _describe(r)
     assert r["patch_match"] is False and not r.get("patch_by_control"), _describe(r)
-    assert r["patch_gmean"] > arch_sweep.CONTROL_SLACK * r["exact_gmean"], _describe(r)
+    assert r["patch_gmean"] > judge.CONTROL_SLACK * r["exact_gmean"], _describe(r)
     assert r["fuse_match"] is True and r.get("fuse_by_control"), _describe(r)

@@ -20,8 +20,8 @@ from mlx_rmsnorm import _fuse
 from mlx_rmsnorm._autopatch import primitive_counts
 
 pytest.importorskip("mlx_lm.models")
-from tiny_models import (CONFIGS, LAYER_NORM, PARALLEL, VOCAB, fused_node, loss_and_grads,  # noqa: E402
-                         loss_fn, make, patched_and_fused, tokens)
+from lab.tiny import (CONFIGS, LAYER_NORM, PARALLEL, VOCAB, fused_node, loss_and_grads,  # noqa: E402
+                      loss_fn, make, patched_and_fused, tokens)
 
 def train(name, steps=4):
     model = make(name)

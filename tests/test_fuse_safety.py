@@ -22,8 +22,8 @@ from mlx_rmsnorm import _fuse
 pytest.importorskip("mlx_lm.models")
 from mlx_lm.models import gemma, gemma2, gemma3_text, gpt2, llama, stablelm  # noqa: E402
 from mlx_lm.tuner.trainer import grad_checkpoint  # noqa: E402
-from tiny_models import (CONFIGS, LAYER_NORM, NORMS, VOCAB, embed, loss_and_grads, make,  # noqa: E402
-                         patched_and_fused, tokens)
+from lab.tiny import (CONFIGS, LAYER_NORM, NORMS, VOCAB, embed, loss_and_grads, make,  # noqa: E402
+                      patched_and_fused, tokens)
 
 FUSED = ["llama", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text",
          "gpt2", "gpt_bigcode", "starcoder2", "gpt_neox", "stablelm", "phimoe"]
@@ -282,14 +282,13 @@ def test_grad_checkpoint_keeps_checkpointing(order, name, monkeypatch):
 
 CHECKPOINT_PEAKS_SCRIPT = """
 import json, sys
-sys.path[:0] = [{tests!r}, {scripts!r}]
+sys.path.insert(0, {root!r})
 import mlx.core as mx
 mx.set_default_device(mx.cpu)  # liveness, not the GPU's timing (the test says why)
 import mlx_rmsnorm
 from mlx_rmsnorm import _fuse
 from mlx_lm.tuner.trainer import grad_checkpoint
-from tiny_models import VOCAB, make
-from checkpoint_memory import peak_mib  # a step's peak, after one untimed step
+from lab.tiny import VOCAB, make, peak_mib  # peak_mib: a step's peak, after one untimed step
 
 model = make({name!r})
 t = mx.random.randint(0, VOCAB, (16, 129), key=mx.random.key(1))
@@ -318,17 +317,17 @@ def test_grad_checkpoint_with_fuse_saves_the_memory_it_saves_unfused(name, tmp_p
     # it also follows how far the host runs ahead of the GPU, since MLX frees
     # a CUDA graph's inputs only when the graph has run: on the H200, gpt2
     # fused and checkpointed peaked at 31.4 MiB in a quiet process
-    # (scripts/checkpoint_memory.py, every node its own graph) and at 40.4
+    # (scripts/checkpoint_memory.py, now gone, every node its own graph) and at 40.4
     # in this test's process beside seven other test workers, against 32.8
     # and 32.9 for patch()'s checkpointed step (docs/NOTES.md). That fusion
     # keeps the checkpoint on any device: the test above. Second steps: the
     # first one's one-time allocations would count. On the CPU: Qwen3-shaped
-    # 50.4 / 43.1 / 43.1 MiB (fused, fused and checkpointed, checkpointed),
-    # gpt2-shaped 71.1 / 57.7 / 57.7.
+    # 51.3 / 43.6 / 43.1 MiB (fused, fused and checkpointed, checkpointed),
+    # gpt2-shaped 71.6 / 58.2 / 58.2 (lab.tiny's models, the sweep's configs).
     script = tmp_path / "peaks.py"
     tests = os.path.dirname(os.path.abspath(__file__))
     script.write_text(CHECKPOINT_PEAKS_SCRIPT.format(
-        tests=tests, scripts=os.path.join(os.path.dirname(tests), "scripts"), name=name))
+        root=os.path.dirname(tests), name=name))
     env = dict(os.environ, MLX_RMSNORM_ROUTE_CPU="1")
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                          timeout=300)
@@ -575,8 +574,8 @@ def test_missing_target_is_one_line(target):
 
 REPORT_SCRIPT = """
 import mlx.core as mx, mlx.nn as nn, sys
-sys.path.insert(0, {tests!r})
-from tiny_models import make, tokens
+sys.path.insert(0, {root!r})
+from lab.tiny import make, tokens
 model = make("llama")
 model.model.layers[1].post_attention_layernorm.__class__ = type("Sub", (nn.RMSNorm,), {{}})
 x, y = tokens()
@@ -590,7 +589,7 @@ for _ in range(3):
 
 def test_report_counts_every_graph_and_the_fused_blocks(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text(REPORT_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    script.write_text(REPORT_SCRIPT.format(root=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     env = dict(os.environ, MLX_RMSNORM_PATCH="fuse", MLX_RMSNORM_REPORT="1")
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -604,8 +603,8 @@ def test_report_counts_every_graph_and_the_fused_blocks(tmp_path):
 
 LN_REPORT_SCRIPT = """
 import mlx.core as mx, mlx.nn as nn, sys
-sys.path.insert(0, {tests!r})
-from tiny_models import make, tokens
+sys.path.insert(0, {root!r})
+from lab.tiny import make, tokens
 model = make("gpt2")
 model.layers[1].ln_2.__class__ = type("Sub", (nn.LayerNorm,), {{}})
 x, y = tokens()
@@ -620,7 +619,7 @@ print("mlx_rmsnorm from", os.path.dirname(os.path.dirname(os.path.abspath(mlx_rm
 def test_report_counts_the_fused_layer_norm_blocks(tmp_path):
     script = tmp_path / "train.py"
     tests = os.path.dirname(os.path.abspath(__file__))
-    script.write_text(LN_REPORT_SCRIPT.format(tests=tests))
+    script.write_text(LN_REPORT_SCRIPT.format(root=os.path.dirname(tests)))
     # the mlx_rmsnorm of this tree (not whatever an editable install points at)
     root = os.path.dirname(tests)
     env = dict(os.environ, MLX_RMSNORM_PATCH="fuse", MLX_RMSNORM_REPORT="1",

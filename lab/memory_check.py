@@ -2,7 +2,7 @@
 with the shape changing every step must keep mx.get_active_memory() flat --
 no leak in our outputs, scratch or temporaries.
 
-    python scripts/memory_check.py [--steps 10000]
+    python -m lab.memory_check [--steps 10000]
 Run by scripts/gpu_run.sh (step memory) on the GPU; runs on the CPU too.
 """
 

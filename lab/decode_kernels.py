@@ -5,7 +5,7 @@ waits on). The shapes are those of one token of the generation benchmark's
 models: the hidden-size norms (1 x 1024 Qwen3-0.6B, 1 x 4096 Llama-3-8B)
 and Qwen3's QK-norms over 16 query and 8 key heads of 128.
 
-    python3 scripts/decode_kernels.py [--launches 5]
+    python3 -m lab.decode_kernels [--launches 5]
 On the GPU machine, by scripts/gpu_run.sh (step decode) or by hand.
 
 Prints, per shape, the median kernel time of each contender, its grid,

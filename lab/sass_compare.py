@@ -2,7 +2,7 @@
 hand when a change must leave the kernels' machine code as it was (a refactor
 of the CUDA sources):
 
-    python scripts/sass_compare.py BEFORE.sass AFTER.sass [--res BEFORE.res AFTER.res]
+    python -m lab.sass_compare BEFORE.sass AFTER.sass [--res BEFORE.res AFTER.res]
 
 Inputs are `cuobjdump -sass` (and `cuobjdump -res-usage`) listings. Function
 names are normalized by dropping a trailing row-policy template argument

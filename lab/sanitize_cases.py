@@ -5,8 +5,8 @@ grid, every dtype pairing and backward algorithm. Sizes stay small: the tools
 slow kernels down by orders of magnitude.
 
 Run by scripts/gpu_run.sh (step sanitize), or by hand:
-    compute-sanitizer --tool memcheck python3 scripts/sanitize_cases.py
-    compute-sanitizer --tool racecheck python3 scripts/sanitize_cases.py --max-n 16392 --long-rows 64
+    compute-sanitizer --tool memcheck python3 -m lab.sanitize_cases
+    compute-sanitizer --tool racecheck python3 -m lab.sanitize_cases --max-n 16392 --long-rows 64
 
 racecheck tracks every shared-memory access and is by far the slowest tool:
 --max-n and --long-rows give it a smaller set (the whole persistent table);

@@ -2,7 +2,7 @@
 CPU stream runs by default) against the plugin's CPU path (route_cpu(True),
 explicit calls). Run by hand on a CPU machine:
 
-    python scripts/cpu_speed.py [--reps 7]
+    python -m lab.cpu_speed [--reps 7]
 
 docs/api.md ("On a CPU stream") has its table: median [min-max] ms of
 `--reps` evals, forward and forward + backward (mx.vjp: gx and gw)."""

@@ -8,7 +8,7 @@
 // It also records every kernel's GPU time (CUPTI's activity records, graph
 // kernel nodes included), by kernel name: the GPU side of the same evals.
 //
-// Not run on its own: scripts/cuda_calls.py (step calls of scripts/gpu_run.sh)
+// Not run on its own: lab/cuda_calls.py (step calls of scripts/gpu_run.sh)
 // builds it, preloads it and reads it through ctypes:
 //   cc_reset()                    zero the counts
 //   cc_dump(buf, len) -> bytes    "domain<TAB>name<TAB>calls<TAB>ns" lines

@@ -1,12 +1,12 @@
 """Which CUDA calls does an eval make? Counts every runtime and driver API
-call (scripts/cuda_calls.cpp, a CUPTI injection library) per eval, for the
+call (lab/cuda_calls.cpp, a CUPTI injection library) per eval, for the
 built-in and for the plugin, in the workloads where a fixed cost per call
 shows: one norm call per eval (forward, backward), many calls per eval, a
 decode step of an mlx-lm model (one eval per token, as mlx_lm.generate) and a
 compiled training step. Run on the GPU machine by scripts/gpu_run.sh (step
 calls), or by hand:
 
-    python3 scripts/cuda_calls.py [--out FILE] [--scenarios a,b,...] [--contenders builtin,plugin]
+    python3 -m lab.cuda_calls [--out FILE] [--scenarios a,b,...] [--contenders builtin,plugin]
 
 --contenders plugin,fuse sets patch() against patch(fuse=True) instead
 (decode with the blocks' residual add fused).
@@ -271,7 +271,8 @@ def main():
     if os.environ.get("CUDA_INJECTION64_PATH") != LIB:
         build()
         env = dict(os.environ, CUDA_INJECTION64_PATH=LIB)
-        sys.exit(subprocess.call([sys.executable, *sys.argv], env=env))
+        # again, by path (sys.argv[0] is this file under -m too), with the library injected
+        sys.exit(subprocess.call([sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env=env))
     counter = Counter()
     names = [s for s in args.scenarios.split(",") if s]
     with open(args.out, "w") as out:

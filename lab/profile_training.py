@@ -5,8 +5,8 @@ where each contender starts, so the report can be split afterwards:
 
     ncu --clock-control none --csv --metrics gpu__time_duration.sum,\
 dram__throughput.avg.pct_of_peak_sustained_elapsed \
-        python3 scripts/profile_training.py > ncu.csv
-    python3 scripts/profile_training.py --report ncu.csv
+        python3 -m lab.profile_training > ncu.csv
+    python3 -m lab.profile_training --report ncu.csv
 On the GPU machine, by scripts/gpu_run.sh (step ncu) or by hand.
 """
 
@@ -106,8 +106,13 @@ def report(path):
         print(f"{name:36} {us:8.1f} {dram:6.1f}  {short}")
 
 
-if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--report":
-        report(sys.argv[2])
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) > 1 and argv[0] == "--report":
+        report(argv[1])
     else:
         run()
+
+
+if __name__ == "__main__":
+    main()
