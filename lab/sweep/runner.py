@@ -24,7 +24,9 @@ from typing import Any, Callable
 # test suite's conftest does; the workers inherit it.
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
 # The blocks fuse at every row count, the decode steps of the cache mode
-# included (as shipped, fewer than 64 rows run the block's own code).
+# included (as shipped, fewer than 64 rows run the block's own code); so
+# does sweep_one, through _fuse.set_min_rows, where the plugin was imported
+# first.
 os.environ.setdefault("MLX_RMSNORM_FUSE_MIN_ROWS", "0")
 
 import mlx.core as mx  # noqa: E402
@@ -285,8 +287,11 @@ def sweep_model(name: str, dtypes: list[str], progress: Callable[[str], None] = 
 
 
 def sweep_one(name: str, dtypes: list[str], progress: Callable[[str], None] = lambda s: None) -> list[dict]:
-    """sweep_model in this process, with the CPU routing on, never raising."""
+    """sweep_model in this process, with the CPU routing on and the blocks
+    fused at every row count (the cache mode's decode steps too), never
+    raising."""
     was_routed = route_cpu(True)
+    was_rows = _fuse.set_min_rows(0)  # (the environment's default is read only at the plugin's import)
     t0 = time.perf_counter()
     try:
         rows = sweep_model(name, dtypes, progress=progress)
@@ -298,6 +303,7 @@ def sweep_one(name: str, dtypes: list[str], progress: Callable[[str], None] = la
     finally:
         mlx_rmsnorm.unpatch()
         route_cpu(was_routed)
+        _fuse.set_min_rows(was_rows)
         mx.clear_cache()
     for r in rows:
         r["seconds"] = round(time.perf_counter() - t0, 2)
