@@ -247,18 +247,20 @@ run_bench_table() { bench bench-table.log 120 --sections table --repeats 5; }
 run_bench_fused() { bench bench-fused.log 120 --fused --repeats 5; }
 #: the LayerNorm sections
 run_bench_ln() { bench bench-ln.log 150 --sections ln_training,ln_table --repeats 5; }
+#: long rows (N 16384-262144): every op and direction against the copy ceiling, QuACK's figures beside
+run_bench_large_n() { bench large-n.log 150 --large-n --repeats 7; }
 
 # the RMSNorm kernels' GPU tests, which the fused add and LayerNorm share code with
 rms_gpu_tests() {
-  pytest_run "$1" 150 $XDIST -m "gpu and not bigmem" "$ROOT/tests/test_gpu.py" "$ROOT/tests/test_numerics.py" \
-    "$ROOT/tests/test_determinism.py"
+  pytest_run "$1" 150 $XDIST -m "gpu and not bigmem" "$ROOT/tests/test_gpu.py" "$ROOT/tests/test_rms_norm.py"
 }
 
 #:: One op's whole check (after a change to it)
 #: the fused add: its tests, bench-fused, training steps and decode of the Qwen3/Llama shapes under patch(fuse=True), the RMSNorm GPU tests
 run_fused() {
   local rc=0
-  pytest_run tests-fused.log 150 $XDIST --maxfail=10 "$ROOT/tests/test_fused_add.py" "$ROOT/tests/test_fuse.py" || rc=1
+  pytest_run tests-fused.log 150 $XDIST --maxfail=10 -k "add or fuse" \
+    "$ROOT/tests/test_rms_norm.py" "$ROOT/tests/test_fuse.py" || rc=1
   bench bench-fused.log 120 --fused --repeats 5 --calls 20 --singles 1 || rc=1
   timeout "$(cap 150)" python3 examples/bench_train_step.py --model qwen3-0.6b,llama-8b-slice --norms trained \
     --rounds 5 --steps-per-round 4 --decode 32 --norm-reps 3 2>&1 | tee "$OUT/train-fused.log" | tail -14
@@ -271,8 +273,7 @@ run_fused() {
 run_layernorm() {
   local rc=0
   pytest_run tests-ln.log 150 $XDIST --maxfail=10 "$ROOT/tests/test_layer_norm.py" || rc=1
-  pytest_run tests-add-ln.log 150 $XDIST --maxfail=10 -m gpu \
-    "$ROOT/tests/test_add_layer_norm.py" "$ROOT/tests/test_contract.py" "$ROOT/tests/test_fuse.py" || rc=1
+  pytest_run tests-add-ln.log 150 $XDIST --maxfail=10 -m gpu "$ROOT/tests/test_fuse.py" || rc=1
   bench bench-ln.log 150 --sections ln_training,ln_table --repeats 5 || rc=1
   bench bench-fused-ln.log 120 --fused --repeats 5 --calls 20 --singles 1 || rc=1
   timeout "$(cap 150)" python3 examples/bench_train_step.py --model gpt2-medium \
