@@ -7,7 +7,8 @@
 through our own backward (``rms_norm_vjp``) under ``mx.grad``; ``RMSNorm`` is
 a drop-in for ``mlx.nn.RMSNorm``; ``patch()`` routes ``mx.fast.rms_norm`` --
 and with it every ``nn.RMSNorm`` and the models built on it -- through the
-plugin. ``add_rms_norm`` and ``add_layer_norm`` fuse a residual add into the norm, and
+plugin on GPU streams with our CUDA kernels (CPU streams keep MLX's own op
+unless ``route_cpu(True)``). ``add_rms_norm`` and ``add_layer_norm`` fuse a residual add into the norm, and
 ``patch(fuse=True)`` rewrites mlx-lm's decoder blocks to use it.
 """
 

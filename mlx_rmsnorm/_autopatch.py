@@ -128,7 +128,10 @@ def _op_counts() -> dict | None:
 
 
 def _built_line() -> str:
-    ops = _op_counts()
+    try:
+        ops = _op_counts()
+    except Exception as e:  # noqa: BLE001 - a report must never break the run
+        return f"mlx_rmsnorm report: could not read the extension's op counter ({e})"
     if ops is None:
         return ("mlx_rmsnorm report: work outside gradient graphs (inference: mlx_lm generate, "
                 "a forward pass) is not counted: this build of the extension has no op counter")

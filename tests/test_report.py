@@ -108,3 +108,11 @@ def test_report_alone_on_the_cpu_says_why_the_builtin_counts_zero(tmp_path):
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("mlx_rmsnorm report:")]
     assert "patched=False gradient_graphs=1 RMSNormPlugin=0 RMSNormPluginVJP=0 builtin_RMSNorm=0 " in lines[0]
     assert "the default stream is the CPU and nothing is patched" in lines[-1], lines
+
+
+def test_a_failing_counter_does_not_break_the_report(monkeypatch):
+    def broken():
+        raise RuntimeError("no counts")
+
+    monkeypatch.setattr(_ext, "_op_counts", broken, raising=False)
+    assert _lines()[2] == "mlx_rmsnorm report: could not read the extension's op counter (no counts)"
