@@ -156,7 +156,8 @@ CPU_UNPATCHED_NOTE = (
 )
 GPU_WITHOUT_KERNELS_NOTE = (
     "\nmlx_rmsnorm report: the default device is a GPU and this build has no CUDA kernels of ours "
-    "(has_cuda_kernels() is False): MLX's own norm runs there, patched or not"
+    "(has_cuda_kernels() is False): mx.fast's norms (nn.RMSNorm, nn.LayerNorm) run MLX's own op "
+    "there, patched or not"
 )
 
 

@@ -86,7 +86,8 @@ def test_gpu_without_our_kernels(monkeypatch):
         with mlx_rmsnorm.patched() if patched else contextlib.nullcontext():
             (line,) = _device_lines()
             assert ("the default device is a GPU and this build has no CUDA kernels of ours "
-                    "(has_cuda_kernels() is False): MLX's own norm runs there, patched or not") in line
+                    "(has_cuda_kernels() is False): mx.fast's norms (nn.RMSNorm, nn.LayerNorm) run MLX's own op "
+                    "there, patched or not") in line
     monkeypatch.setattr(mlx_rmsnorm, "has_cuda_kernels", lambda: True)
     assert _device_lines() == []  # our kernels: nothing to add
 
