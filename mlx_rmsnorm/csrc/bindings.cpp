@@ -327,7 +327,8 @@ NB_MODULE(_ext, m) {
       [](const mx::array& x, const std::optional<mx::array>& weight, float eps,
          mx::StreamOrDevice s) {
         auto stream = mx::to_stream(s);
-        if (builtin_here(stream)) return mlx_rmsnorm::builtin_rms_norm(x, weight, eps, 0.f, stream);
+        if (builtin_here(stream))
+          return mlx_rmsnorm::builtin_rms_norm(x, weight, eps, 0.f, stream);
         return mlx_rmsnorm::rms_norm(x, weight, eps, stream);
       },
       "x"_a, "weight"_a.none(), "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
@@ -339,7 +340,8 @@ NB_MODULE(_ext, m) {
       [](const mx::array& x, const std::optional<mx::array>& weight,
          const std::optional<mx::array>& bias, float eps, mx::StreamOrDevice s) {
         auto stream = mx::to_stream(s);
-        if (builtin_here(stream)) return mlx_rmsnorm::builtin_layer_norm(x, weight, bias, eps, stream);
+        if (builtin_here(stream))
+          return mlx_rmsnorm::builtin_layer_norm(x, weight, bias, eps, stream);
         return mlx_rmsnorm::layer_norm(x, weight, bias, eps, stream);
       },
       "x"_a, "weight"_a.none(), "bias"_a.none(), "eps"_a, nb::kw_only(),

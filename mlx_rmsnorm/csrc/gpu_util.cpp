@@ -118,6 +118,23 @@ void record_backward(mx::cu::CommandEncoder& enc, const mx::Stream& s,
   }
 }
 
+namespace {
+
+// What FwdArgs and BwdArgs both carry: x and w, the rows, eps and offset.
+template <typename Args>
+void set_rows(Args& a, const NormPrimitive& prim, const mx::array& x, const mx::array* w) {
+  a.x = ptr(x);
+  a.w = w ? ptr(*w) : nullptr;
+  a.n = x.shape(-1);
+  a.rows = a.n == 0 ? 0 : static_cast<int64_t>(x.size() / a.n);
+  a.eps = prim.eps();
+  a.offset = prim.offset();
+  a.x_dtype = kernel_dtype(x.dtype());
+  a.w_dtype = w ? kernel_dtype(w->dtype()) : rmsnorm::DType::None;
+}
+
+}  // namespace
+
 ForwardCall::ForwardCall(NormPrimitive& prim, const std::vector<mx::array>& inputs,
                          std::vector<mx::array>& outputs, bool aligned16)
     : enc(mx::cu::get_command_encoder(prim.stream())) {
@@ -142,18 +159,11 @@ ForwardCall::ForwardCall(NormPrimitive& prim, const std::vector<mx::array>& inpu
     allocate(*y_, s, {x_});
   }
   rmsnorm::FwdArgs& a = args;
-  a.x = ptr(*x_);
-  a.w = w_ ? ptr(*w_) : nullptr;
+  set_rows(a, prim, *x_, w_);
   a.b = b_ ? ptr(*b_) : nullptr;
   a.y = ptr(*y_);
   a.residual = res_ ? ptr(*res_) : nullptr;
   a.h = h_ ? ptr(*h_) : nullptr;
-  a.n = x_->shape(-1);
-  a.rows = a.n == 0 ? 0 : static_cast<int64_t>(x_->size() / a.n);
-  a.eps = prim.eps();
-  a.offset = prim.offset();
-  a.x_dtype = kernel_dtype(x_->dtype());
-  a.w_dtype = w_ ? kernel_dtype(w_->dtype()) : rmsnorm::DType::None;
   a.b_dtype = b_ ? kernel_dtype(b_->dtype()) : rmsnorm::DType::None;
   a.y_dtype = kernel_dtype(y_->dtype());
 }
@@ -189,19 +199,12 @@ BackwardCall::BackwardCall(NormPrimitive& prim, const std::vector<mx::array>& in
   if (gw_) allocate(*gw_, s_);
   if (gb_) allocate(*gb_, s_);
   rmsnorm::BwdArgs& a = args;
-  a.x = ptr(*x_);
-  a.w = w_ ? ptr(*w_) : nullptr;
+  set_rows(a, prim, *x_, w_);
   a.g = ptr(*g_);
   a.gh = gh_ ? ptr(*gh_) : nullptr;
   a.gx = ptr(*gx_);
   a.gw = gw_ ? ptr(*gw_) : nullptr;
   a.gb = gb_ ? ptr(*gb_) : nullptr;
-  a.n = x_->shape(-1);
-  a.rows = a.n == 0 ? 0 : static_cast<int64_t>(x_->size() / a.n);
-  a.eps = prim.eps();
-  a.offset = prim.offset();
-  a.x_dtype = kernel_dtype(x_->dtype());
-  a.w_dtype = w_ ? kernel_dtype(w_->dtype()) : rmsnorm::DType::None;
   a.b_dtype = gb_ ? kernel_dtype(gb_->dtype()) : rmsnorm::DType::None;
   a.g_dtype = kernel_dtype(g_->dtype());
 }

@@ -128,7 +128,8 @@ std::vector<mx::array> layer_forward(const char* op, const mx::array& x,
     return xk.size() == 0 ? no_elements(y, stream) : y;
   }
   const int n = xk.shape(-1);
-  if (on_gpu(stream) && !layer_gpu_planned(xk.dtype(), out_type, n, stream, residual)) {
+  if (on_gpu(stream) &&
+      !layer_gpu_planned(xk.dtype(), out_type, n, stream, /*add=*/residual != nullptr)) {
     // The fused add: the composition, whose layer_norm decides between its
     // kernels and the built-in. Rows too long for our tables: the built-in,
     // both directions. Rows that are not a whole number of 16-byte vectors:
@@ -162,10 +163,7 @@ std::vector<std::optional<mx::array>> layer_backward(
     const char* op, const mx::array& x, const std::optional<mx::array>& weight,
     const std::optional<mx::array>& bias, const mx::array& g, const mx::array* g_h, float eps,
     bool need_gw, bool need_gb, mx::StreamOrDevice s) {
-  const char* x_name = g_h ? "h" : "x";
-  auto out_type = check_inputs(op, x, weight, bias, x_name);
-  check_cotangent(op, g, g_h ? "g_y" : "g", x, x_name);
-  if (g_h) check_cotangent(op, *g_h, "g_h", x, x_name);
+  auto out_type = check_vjp_inputs(op, x, weight, bias, 0.f, g, g_h);
   auto stream = mx::to_stream(s);
   const bool builtin = builtin_only(stream);
   if (builtin && !g_h)
@@ -174,7 +172,7 @@ std::vector<std::optional<mx::array>> layer_backward(
   bool reference_only = out_type == mx::float64 || x.size() == 0;
   const int n = x.shape(-1);
   if (builtin || (!reference_only && on_gpu(stream) &&
-                  !layer_gpu_planned(xk.dtype(), out_type, n, stream, g_h))) {
+                  !layer_gpu_planned(xk.dtype(), out_type, n, stream, /*add=*/g_h != nullptr))) {
     // The fused add (MLX's ops, or rows its kernels do not take on the GPU):
     // layer_norm_vjp of h (the built-in's backward, or its own kernels or
     // reference as it decides), plus g_h. Without the add, as layer_norm:

@@ -165,7 +165,8 @@ std::vector<mx::array> backward(const mx::array& x, const std::optional<mx::arra
   auto gx = mx::multiply(r, mx::subtract(mx::subtract(v, mv, s), mx::multiply(xh, c, s), s), s);
   if (g_h) gx = mx::add(gx, mx::astype(*g_h, ct, s), s);
   std::vector<mx::array> out = {mx::astype(gx, x.dtype(), s)};
-  if (w && need_gw) out.push_back(mx::astype(column_sum(mx::multiply(gf, xh, s), s), w->dtype(), s));
+  if (w && need_gw)
+    out.push_back(mx::astype(column_sum(mx::multiply(gf, xh, s), s), w->dtype(), s));
   if (b && need_gb) out.push_back(mx::astype(column_sum(gf, s), b->dtype(), s));
   return out;
 }

@@ -129,11 +129,7 @@ std::vector<mx::array> rms_backward(const char* op, const mx::array& x,
                                     const std::optional<mx::array>& weight, const mx::array& g,
                                     const mx::array* g_h, float eps, float offset,
                                     Algorithm algorithm, bool need_gw, mx::StreamOrDevice s) {
-  const char* x_name = g_h ? "h" : "x";
-  auto out_type = check_inputs(op, x, weight, std::nullopt, x_name);
-  check_offset(op, weight, offset);
-  check_cotangent(op, g, g_h ? "g_y" : "g", x, x_name);
-  if (g_h) check_cotangent(op, *g_h, "g_h", x, x_name);
+  auto out_type = check_vjp_inputs(op, x, weight, std::nullopt, offset, g, g_h);
   auto stream = mx::to_stream(s);
   // Without the add, MLX's own backward of mx.fast.rms_norm; the fused add's
   // is the reference below, in MLX ops as well.
