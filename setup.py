@@ -106,8 +106,11 @@ class CMakeBuild(build_ext):
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DMLX_ROOT={info['mlx_root']}",
             # libmlx next to us in site-packages; never the build's own paths.
+            # ($ORIGIN is the ELF loaders' word for the module's folder;
+            # macOS's dyld spells it @loader_path.)
             "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
-            "-DCMAKE_INSTALL_RPATH=$ORIGIN;$ORIGIN/../mlx/lib",
+            "-DCMAKE_INSTALL_RPATH=" + ("@loader_path;@loader_path/../mlx/lib" if sys.platform == "darwin"
+                                        else "$ORIGIN;$ORIGIN/../mlx/lib"),
             # in the cache, so that another nanobind starts a fresh build
             f"-DMLX_RMSNORM_NANOBIND_VERSION={nanobind_version}",
         ]

@@ -90,7 +90,9 @@ def routed_rms_norm(
     stream: Union[None, mx.Stream, mx.Device] = None,
 ) -> mx.array:
     """``mx.fast.rms_norm``'s signature and docstring: MLX's own op on a CPU
-    stream (unless ``_set_route_cpu(True)``), the plugin's elsewhere."""
+    stream (unless ``_set_route_cpu(True)``) and on a stream this build has
+    no kernels for (a GPU without ``has_cuda_kernels``: Metal), the plugin's
+    elsewhere (the rule: ``_route``)."""
 
 def routed_layer_norm(
     x: mx.array,
@@ -104,6 +106,20 @@ def routed_layer_norm(
     ``routed_rms_norm``."""
 
 def _set_route_cpu(on: bool) -> bool: ...
+def _route(device_kind: Literal["cpu", "gpu"], has_kernels: bool, route_cpu: bool) -> Literal["plugin", "builtin"]:
+    """Where the routed functions send a call on a stream of ``device_kind``,
+    in a build with (``has_kernels``) our kernels for it or without, under
+    ``_set_route_cpu(route_cpu)``. This build has kernels for ``"cpu"``
+    always and for ``"gpu"`` when ``has_cuda_kernels``."""
+
+def _op_counts() -> dict[str, int]:
+    """Calls since the module was loaded, eager or traced: ``"RMSNormPlugin"``,
+    ``"AddRMSNormPlugin"``, ``"LayerNormPlugin"``, ``"AddLayerNormPlugin"`` (a
+    forward primitive of ours built) and ``"builtin_rms_norm"``,
+    ``"builtin_layer_norm"`` (a call that ran MLX's ``mx.fast`` op in its
+    place: a routed call sent to MLX, an export trace, a stream without our
+    kernels, LayerNorm rows no plan of ours covers)."""
+
 def _layer_norm_builtin_forward_reference_backward(
     x: mx.array, weight: Optional[mx.array], bias: Optional[mx.array], eps: float
 ) -> mx.array: ...

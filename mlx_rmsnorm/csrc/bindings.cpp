@@ -5,9 +5,11 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/vector.h>
 
 #include <atomic>
+#include <map>
 
 #include "mlx/fast.h"
 
@@ -17,15 +19,9 @@
 
 #include "rmsnorm.h"  // cuda/: device_family
 #endif
-#include "add_layer_norm.h"
-#include "add_layer_norm_vjp.h"
-#include "add_rms_norm.h"
-#include "add_rms_norm_vjp.h"
-#include "layer_norm.h"
-#include "layer_norm_vjp.h"
 #include "op_util.h"
-#include "rms_norm.h"
-#include "rms_norm_vjp.h"
+#include "ops.h"
+#include "routing.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -33,16 +29,23 @@ namespace mx = mlx::core;
 
 namespace {
 
-// Whether patch()'s routed functions run the plugin on CPU streams too. Off:
-// a CPU call under patch() is MLX's own op, whose CPU path is a composition
-// of plain ops that a user's CPU tests (and MLX's) compare against bit for
-// bit; ours rounds differently (closer to float64, not equal). The tests turn
-// it on to run our CPU path under patch().
+// Whether patch()'s routed functions run the plugin on CPU streams too
+// (routing.h says why they do not by default). The tests turn it on to run
+// our CPU path under patch().
 std::atomic<bool> route_cpu{false};
 
-bool builtin_here(const mx::StreamOrDevice& s) {
-  return !route_cpu.load(std::memory_order_relaxed) &&
-         mx::to_stream(s).device.type == mx::Device::DeviceType::cpu;
+// Where a routed call on stream `s` runs (routing.h).
+bool builtin_here(const mx::Stream& s) {
+  return mlx_rmsnorm::route(s.device.type, mlx_rmsnorm::has_kernels(s.device.type),
+                            route_cpu.load(std::memory_order_relaxed)) ==
+         mlx_rmsnorm::Route::Builtin;
+}
+
+mx::Device::DeviceType device_kind(const std::string& kind) {
+  if (kind == "cpu") return mx::Device::DeviceType::cpu;
+  if (kind == "gpu") return mx::Device::DeviceType::gpu;
+  throw std::invalid_argument("[_route] device_kind must be 'cpu' or 'gpu' but got '" + kind +
+                              "'.");
 }
 
 // mx.fast's own docstrings: patch() puts these functions in mx.fast's place.
@@ -315,15 +318,18 @@ NB_MODULE(_ext, m) {
         )");
 
   // What patch() puts in mx.fast's place: mx.fast's signatures and
-  // docstrings; on a CPU stream MLX's own op (unless _set_route_cpu(True)),
-  // elsewhere ours. In C++ rather than a Python wrapper: a decode step is
+  // docstrings; MLX's own op on a CPU stream (unless _set_route_cpu(True))
+  // and on a stream this build has no kernels for (a Metal GPU), ours
+  // elsewhere. In C++ rather than a Python wrapper: a decode step is
   // bound by the host, where a Python layer costs about 1 us a call.
   m.def(
       "routed_rms_norm",
       [](const mx::array& x, const std::optional<mx::array>& weight, float eps,
          mx::StreamOrDevice s) {
-        if (builtin_here(s)) return mx::fast::rms_norm(x, weight, eps, s);
-        return mlx_rmsnorm::rms_norm(x, weight, eps, s);
+        auto stream = mx::to_stream(s);
+        if (builtin_here(stream))
+          return mlx_rmsnorm::builtin_rms_norm(x, weight, eps, 0.f, stream);
+        return mlx_rmsnorm::rms_norm(x, weight, eps, stream);
       },
       "x"_a, "weight"_a.none(), "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
       nb::sig("def routed_rms_norm(x: array, weight: array | None, eps: float, *, "
@@ -333,8 +339,10 @@ NB_MODULE(_ext, m) {
       "routed_layer_norm",
       [](const mx::array& x, const std::optional<mx::array>& weight,
          const std::optional<mx::array>& bias, float eps, mx::StreamOrDevice s) {
-        if (builtin_here(s)) return mx::fast::layer_norm(x, weight, bias, eps, s);
-        return mlx_rmsnorm::layer_norm(x, weight, bias, eps, s);
+        auto stream = mx::to_stream(s);
+        if (builtin_here(stream))
+          return mlx_rmsnorm::builtin_layer_norm(x, weight, bias, eps, stream);
+        return mlx_rmsnorm::layer_norm(x, weight, bias, eps, stream);
       },
       "x"_a, "weight"_a.none(), "bias"_a.none(), "eps"_a, nb::kw_only(),
       "stream"_a = nb::none(),
@@ -347,6 +355,36 @@ NB_MODULE(_ext, m) {
       "on"_a,
       "Whether routed_rms_norm / routed_layer_norm run the plugin on CPU streams "
       "too (default: MLX's own op there); returns the previous value.");
+
+  m.def(
+      "_route",
+      [](const std::string& kind, bool has_kernels, bool route_cpu_on) {
+        return mlx_rmsnorm::route(device_kind(kind), has_kernels, route_cpu_on) ==
+                       mlx_rmsnorm::Route::Plugin
+                   ? "plugin"
+                   : "builtin";
+      },
+      "device_kind"_a, "has_kernels"_a, "route_cpu"_a,
+      R"(Where routed_rms_norm / routed_layer_norm send a call: ``"plugin"`` or
+        ``"builtin"`` (MLX's own op), for a stream of ``device_kind``
+        (``"cpu"`` or ``"gpu"``) in a build that has (``has_kernels``) our
+        kernels for it or not, with ``_set_route_cpu(route_cpu)``. The rule
+        itself, callable on any machine; this build's ``has_kernels`` is
+        True for ``"cpu"`` and ``has_cuda_kernels`` for ``"gpu"``.)");
+  m.def(
+      "_op_counts",
+      []() {
+        std::map<std::string, std::uint64_t> out;
+        for (const auto& [key, n] : mlx_rmsnorm::op_counts()) out[key] = n;
+        return out;
+      },
+      R"(How many times each op ran since the module was loaded, eager or
+        traced: ``"RMSNormPlugin"``, ``"AddRMSNormPlugin"``,
+        ``"LayerNormPlugin"``, ``"AddLayerNormPlugin"`` (a forward primitive of
+        ours built) and ``"builtin_rms_norm"``, ``"builtin_layer_norm"`` (a
+        call that ran MLX's mx.fast op in its place: a routed call sent to
+        MLX, an export trace, a stream without our kernels, LayerNorm rows
+        no plan of ours covers).)");
 
   // Tests only: the GPU path of layer_norm for rows that are not a whole
   // number of 16-byte vectors, on any stream.

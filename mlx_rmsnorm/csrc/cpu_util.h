@@ -1,6 +1,7 @@
-// Helpers of the primitives' CPU evaluation (<op>_cpu.cpp):
-// rows of any layout read into fp32, stores in the output's dtype, and the
-// blocked fp32 sums.
+// Helpers of the primitives' CPU evaluation (<family>_cpu.cpp): rows of any
+// layout read into fp32, stores in the output's dtype, the blocked fp32
+// sums, and a call's arrays by role (ForwardRows, BackwardRows), so that a
+// family's file holds only its row math.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "mlx/allocator.h"
 #include "mlx/array.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "primitives.h"
 
 namespace mlx_rmsnorm::cpu {
 
@@ -166,5 +168,75 @@ inline int64_t row_count(const mx::array& a) {
   const int n = a.shape(-1);
   return n == 0 ? 0 : static_cast<int64_t>(a.size() / n);
 }
+
+// A forward call's arrays, declared to the encoder (begin): inputs (x,
+// [residual], [w], [b]) as Rows (an absent one reads x, and is not read),
+// outputs y and, with add, h (else h is y, and is not written). Captured by
+// value into the queued work.
+struct ForwardRows {
+  bool add, has_w, has_b;
+  int n;
+  int64_t rows;
+  Rows x, residual, w, b;
+  mx::array y, h;
+  float eps, offset;
+
+  ForwardRows(NormPrimitive& prim, const std::vector<mx::array>& inputs,
+              std::vector<mx::array>& outputs)
+      : add(prim.add()),
+        has_w(prim.has_weight()),
+        has_b(prim.has_bias()),
+        n(inputs[0].shape(-1)),
+        rows(row_count(inputs[0])),
+        x(Rows::of(inputs[0])),
+        residual(Rows::of(add ? inputs[1] : inputs[0])),
+        w(Rows::of(has_w ? *prim.weight(inputs) : inputs[0])),
+        b(Rows::of(has_b ? *prim.bias(inputs) : inputs[0])),
+        y(mx::array::unsafe_weak_copy(outputs[0])),
+        h(mx::array::unsafe_weak_copy(outputs.back())),
+        eps(prim.eps()),
+        offset(prim.offset()) {}
+
+  // Row r of x into xv; with add, h = x + residual rounded to h's dtype
+  // (stored as the unfused add stores it) instead, rv a row of scratch.
+  void load(int64_t r, float* xv, float* rv) {
+    x.load(r, n, xv);
+    if (!add) return;
+    residual.load(r, n, rv);
+    const mx::Dtype h_type = h.dtype();
+    for (int i = 0; i < n; ++i) xv[i] = round_to(h_type, xv[i] + rv[i]);
+    store(h, r * n, xv, n);
+  }
+};
+
+// A backward call's arrays: inputs (x, [w], [b], g, [g_h]) as Rows (b only
+// gives gb its dtype and is not read; an absent one reads x), outputs gx and
+// the column sums wanted (an absent one is gx, and is not written).
+struct BackwardRows {
+  bool add, has_w, with_gw, with_gb;
+  int n;
+  int64_t rows;
+  Rows x, w, g, gh;
+  mx::array gx, gw, gb;
+  float eps, offset;
+
+  BackwardRows(NormPrimitive& prim, const std::vector<mx::array>& inputs,
+               std::vector<mx::array>& outputs)
+      : add(prim.add()),
+        has_w(prim.has_weight()),
+        with_gw(prim.has_gw()),
+        with_gb(prim.need_gb()),
+        n(inputs[0].shape(-1)),
+        rows(row_count(inputs[0])),
+        x(Rows::of(inputs[0])),
+        w(Rows::of(has_w ? *prim.weight(inputs) : inputs[0])),
+        g(Rows::of(prim.tail(inputs, 0))),
+        gh(Rows::of(add ? prim.tail(inputs, 1) : inputs[0])),
+        gx(mx::array::unsafe_weak_copy(outputs[0])),
+        gw(with_gw ? mx::array::unsafe_weak_copy(outputs[1]) : gx),
+        gb(with_gb ? mx::array::unsafe_weak_copy(outputs.back()) : gx),
+        eps(prim.eps()),
+        offset(prim.offset()) {}
+};
 
 }  // namespace mlx_rmsnorm::cpu

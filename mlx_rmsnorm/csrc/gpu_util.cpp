@@ -22,6 +22,15 @@ rmsnorm::DType kernel_dtype(mx::Dtype t) {
   }
 }
 
+rmsnorm::Algorithm kernel_algorithm(Algorithm a) {
+  static_assert(static_cast<int>(Algorithm::Auto) == static_cast<int>(rmsnorm::Algorithm::Auto) &&
+                static_cast<int>(Algorithm::Persistent) ==
+                    static_cast<int>(rmsnorm::Algorithm::Persistent) &&
+                static_cast<int>(Algorithm::Split) == static_cast<int>(rmsnorm::Algorithm::Split) &&
+                static_cast<int>(Algorithm::Naive) == static_cast<int>(rmsnorm::Algorithm::Naive));
+  return static_cast<rmsnorm::Algorithm>(static_cast<int>(a));
+}
+
 const void* ptr(const mx::array& a) { return mx::gpu_ptr<void>(a); }
 void* ptr(mx::array& a) { return mx::gpu_ptr<void>(a); }
 
@@ -107,6 +116,101 @@ void record_backward(mx::cu::CommandEncoder& enc, const mx::Stream& s,
       if (out) enc.set_output_array(*out);
     record(enc, plan.calls[i], a);
   }
+}
+
+namespace {
+
+// What FwdArgs and BwdArgs both carry: x and w, the rows, eps and offset.
+template <typename Args>
+void set_rows(Args& a, const NormPrimitive& prim, const mx::array& x, const mx::array* w) {
+  a.x = ptr(x);
+  a.w = w ? ptr(*w) : nullptr;
+  a.n = x.shape(-1);
+  a.rows = a.n == 0 ? 0 : static_cast<int64_t>(x.size() / a.n);
+  a.eps = prim.eps();
+  a.offset = prim.offset();
+  a.x_dtype = kernel_dtype(x.dtype());
+  a.w_dtype = w ? kernel_dtype(w->dtype()) : rmsnorm::DType::None;
+}
+
+}  // namespace
+
+ForwardCall::ForwardCall(NormPrimitive& prim, const std::vector<mx::array>& inputs,
+                         std::vector<mx::array>& outputs, bool aligned16)
+    : enc(mx::cu::get_command_encoder(prim.stream())) {
+  const mx::Stream s = prim.stream();
+  use_device(s);
+  const auto w_in = prim.weight(inputs), b_in = prim.bias(inputs);
+  x_ = &rows_of(inputs[0], x_copy_, s, enc, aligned16);
+  res_ = prim.add() ? &rows_of(inputs[1], r_copy_, s, enc, aligned16) : nullptr;
+  w_ = w_in ? &rows_of(*w_in, w_copy_, s, enc) : nullptr;
+  b_ = b_in ? &rows_of(*b_in, b_copy_, s, enc) : nullptr;
+  y_ = &outputs[0];
+  h_ = prim.add() ? &outputs[1] : nullptr;
+  if (h_) {
+    // h takes x's buffer or residual's, y the other one where dtypes allow
+    // (every row element is read before it is written, by the same thread).
+    allocate(*h_, s, {x_, res_});
+    auto free_donor = [&](const mx::array& d) {
+      return d.data_shared_ptr() == h_->data_shared_ptr() ? nullptr : &d;
+    };
+    allocate(*y_, s, {free_donor(*x_), free_donor(*res_)});
+  } else {
+    allocate(*y_, s, {x_});
+  }
+  rmsnorm::FwdArgs& a = args;
+  set_rows(a, prim, *x_, w_);
+  a.b = b_ ? ptr(*b_) : nullptr;
+  a.y = ptr(*y_);
+  a.residual = res_ ? ptr(*res_) : nullptr;
+  a.h = h_ ? ptr(*h_) : nullptr;
+  a.b_dtype = b_ ? kernel_dtype(b_->dtype()) : rmsnorm::DType::None;
+  a.y_dtype = kernel_dtype(y_->dtype());
+}
+
+void ForwardCall::run(const rmsnorm::Plan& plan) {
+  enc.set_input_array(*x_);
+  if (res_) enc.set_input_array(*res_);
+  if (w_) enc.set_input_array(*w_);
+  if (b_) enc.set_input_array(*b_);
+  enc.set_output_array(*y_);
+  if (h_) enc.set_output_array(*h_);
+  for (const auto& c : plan.calls) record(enc, c, args);
+}
+
+BackwardCall::BackwardCall(NormPrimitive& prim, const std::vector<mx::array>& inputs,
+                           std::vector<mx::array>& outputs, bool aligned16)
+    : enc(mx::cu::get_command_encoder(prim.stream())), s_(prim.stream()) {
+  use_device(s_);
+  const auto w_in = prim.weight(inputs);
+  x_ = &rows_of(inputs[0], x_copy_, s_, enc, aligned16);
+  w_ = w_in ? &rows_of(*w_in, w_copy_, s_, enc) : nullptr;
+  g_ = &rows_of(prim.tail(inputs, 0), g_copy_, s_, enc, aligned16);
+  gh_ = prim.add() ? &rows_of(prim.tail(inputs, 1), gh_copy_, s_, enc, aligned16) : nullptr;
+  gx_ = &outputs[0];
+  gw_ = prim.has_gw() ? &outputs[1] : nullptr;
+  gb_ = prim.need_gb() ? &outputs.back() : nullptr;
+  // gx takes g_h's buffer first (the fused add), else x's or g's
+  if (gh_) {
+    allocate(*gx_, s_, {gh_, x_, g_});
+  } else {
+    allocate(*gx_, s_, {x_, g_});
+  }
+  if (gw_) allocate(*gw_, s_);
+  if (gb_) allocate(*gb_, s_);
+  rmsnorm::BwdArgs& a = args;
+  set_rows(a, prim, *x_, w_);
+  a.g = ptr(*g_);
+  a.gh = gh_ ? ptr(*gh_) : nullptr;
+  a.gx = ptr(*gx_);
+  a.gw = gw_ ? ptr(*gw_) : nullptr;
+  a.gb = gb_ ? ptr(*gb_) : nullptr;
+  a.b_dtype = gb_ ? kernel_dtype(gb_->dtype()) : rmsnorm::DType::None;
+  a.g_dtype = kernel_dtype(g_->dtype());
+}
+
+void BackwardCall::run(const rmsnorm::Plan& plan) {
+  record_backward(enc, s_, plan, args, {x_, w_, g_, gh_}, *gx_, {gw_, gb_});
 }
 
 }  // namespace gpu

@@ -1,7 +1,9 @@
 // Helpers of the primitives' GPU evaluation (gpu_util.cpp defines them),
-// shared by every op's eval_gpu: dtypes, device addresses, output and scratch
-// memory, recording a kernel into MLX's graph, gathering strided inputs.
-// CUDA flavor of MLX only (MLX_RMSNORM_CUDA).
+// shared by both families' eval_gpu: dtypes, device addresses, output and
+// scratch memory, recording a kernel into MLX's graph, gathering strided
+// inputs, and a whole forward or backward call (ForwardCall, BackwardCall)
+// but for its plan, which is the family's. CUDA flavor of MLX only
+// (MLX_RMSNORM_CUDA).
 #pragma once
 
 #include <cuda.h>
@@ -12,6 +14,7 @@
 #include "mlx/array.h"
 #include "mlx/backend/cuda/device.h"
 #include "mlx/stream.h"
+#include "primitives.h"
 #include "rmsnorm.h"  // cuda/: the kernels' launch interface
 
 namespace mlx_rmsnorm::gpu {
@@ -19,6 +22,7 @@ namespace mlx_rmsnorm::gpu {
 namespace mx = mlx::core;
 
 rmsnorm::DType kernel_dtype(mx::Dtype t);
+rmsnorm::Algorithm kernel_algorithm(Algorithm a);
 
 // Device addresses. Not array::data(), which would make the buffer host
 // accessible now, at record time, while the nodes producing it have not run.
@@ -64,5 +68,50 @@ void use_device(const mx::Stream& s);
 const mx::array& rows_of(const mx::array& in, std::optional<mx::array>& copy,
                          const mx::Stream& s, mx::cu::CommandEncoder& enc,
                          bool aligned16 = false);
+
+// A forward call of `prim` (RMSNorm or LayerNorm, with add or not), ready
+// for its plan: the row inputs made row-contiguous (with `aligned16`, also
+// 16-byte aligned: kernels that read 16-byte vectors only), y (and with add
+// h) allocated, `args` filled. run(plan) records the plan's kernels. Not
+// copyable: args points into it.
+struct ForwardCall {
+  ForwardCall(NormPrimitive& prim, const std::vector<mx::array>& inputs,
+              std::vector<mx::array>& outputs, bool aligned16);
+  ForwardCall(const ForwardCall&) = delete;
+  ForwardCall& operator=(const ForwardCall&) = delete;
+  void run(const rmsnorm::Plan& plan);
+
+  mx::cu::CommandEncoder& enc;
+  rmsnorm::FwdArgs args{};
+
+ private:
+  std::optional<mx::array> x_copy_, r_copy_, w_copy_, b_copy_;
+  const mx::array* x_;
+  const mx::array *res_, *w_, *b_;  // null: absent
+  mx::array* y_;
+  mx::array* h_;  // null without add
+};
+
+// A backward call of `prim` (RMSNormVJP or LayerNormVJP), likewise: inputs
+// (x, [w], [b], g, [g_h]); b only gives gb its dtype (the kernels do not read
+// it). Outputs gx, [gw], [gb].
+struct BackwardCall {
+  BackwardCall(NormPrimitive& prim, const std::vector<mx::array>& inputs,
+               std::vector<mx::array>& outputs, bool aligned16);
+  BackwardCall(const BackwardCall&) = delete;
+  BackwardCall& operator=(const BackwardCall&) = delete;
+  void run(const rmsnorm::Plan& plan);
+
+  mx::cu::CommandEncoder& enc;
+  rmsnorm::BwdArgs args{};
+
+ private:
+  mx::Stream s_;
+  std::optional<mx::array> x_copy_, w_copy_, g_copy_, gh_copy_;
+  const mx::array* x_;
+  const mx::array *w_, *g_, *gh_;  // w_, gh_ null: absent
+  mx::array* gx_;
+  mx::array *gw_, *gb_;  // null: not wanted
+};
 
 }  // namespace mlx_rmsnorm::gpu

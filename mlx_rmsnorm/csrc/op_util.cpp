@@ -124,6 +124,18 @@ void check_offset(const char* op, const std::optional<mx::array>& weight, float 
   if (offset != 0.f && !weight) fail(op, "offset scales by offset + weight and needs a weight.");
 }
 
+mx::Dtype check_vjp_inputs(const char* op, const mx::array& x,
+                           const std::optional<mx::array>& weight,
+                           const std::optional<mx::array>& bias, float offset,
+                           const mx::array& g, const mx::array* g_h) {
+  const char* x_name = g_h ? "h" : "x";
+  auto out_type = check_inputs(op, x, weight, bias, x_name);
+  check_offset(op, weight, offset);
+  check_cotangent(op, g, g_h ? "g_y" : "g", x, x_name);
+  if (g_h) check_cotangent(op, *g_h, "g_h", x, x_name);
+  return out_type;
+}
+
 std::vector<mx::array> no_elements(const std::vector<mx::array>& outputs, mx::Stream s) {
   std::vector<mx::array> zeros;
   zeros.reserve(outputs.size());

@@ -51,6 +51,16 @@ AddTypes check_add_inputs(const char* op, const mx::array& x, const mx::array& r
 // broadcast_to's own vjp.
 mx::array expand_to(const mx::array& a, const mx::Shape& shape, mx::Dtype t, mx::Stream s);
 
+// A backward op's checks (rms_norm_vjp, add_rms_norm_vjp, layer_norm_vjp,
+// add_layer_norm_vjp): x (with g_h: the forward's h, as the messages call
+// it), weight and bias as check_inputs takes them, the offset's weight
+// (check_offset), and g (g_y with g_h) and g_h of x's shape. Returns y's
+// dtype.
+mx::Dtype check_vjp_inputs(const char* op, const mx::array& x,
+                           const std::optional<mx::array>& weight,
+                           const std::optional<mx::array>& bias, float offset,
+                           const mx::array& g, const mx::array* g_h);
+
 // A cotangent `g` of x's shape, floating (ValueError otherwise).
 void check_cotangent(const char* op, const mx::array& g, const char* g_name,
                      const mx::array& x, const char* x_name = "x");

@@ -52,39 +52,48 @@ mx::array rstd(const mx::array& x, float eps, mx::Stream s) {
   return mx::multiply(mx::rsqrt(u, s), k, s);
 }
 
-}  // namespace
-
-mx::Dtype result_type(const mx::array& x, const std::optional<mx::array>& w) {
-  return w ? mx::promote_types(x.dtype(), w->dtype()) : x.dtype();
+// offset + w in the compute type: the scale the kernels form in fp32.
+mx::array scale_of(const mx::array& w, float offset, mx::Dtype ct, mx::Stream s) {
+  auto wf = mx::astype(w, ct, s);
+  return offset == 0.f ? wf : mx::add(wf, scalar(offset, ct), s);
 }
+
+// Sums over every axis but the last (a column sum: gw, gb).
+mx::array column_sum(const mx::array& a, mx::Stream s) {
+  std::vector<int> rows(a.ndim() - 1);
+  std::iota(rows.begin(), rows.end(), 0);
+  return rows.empty() ? a : mx::sum(a, rows, false, s);
+}
+
+}  // namespace
 
 mx::Dtype compute_type(mx::Dtype out_type) {
   return out_type == mx::float64 ? mx::float64 : mx::float32;
 }
 
-// offset + w in the compute type: the scale the kernels form in fp32.
-static mx::array scale_of(const mx::array& w, float offset, mx::Dtype ct,
-                          mx::Stream s) {
-  auto wf = mx::astype(w, ct, s);
-  return offset == 0.f ? wf : mx::add(wf, scalar(offset, ct), s);
+namespace rms {
+
+mx::Dtype result_type(const mx::array& x, const std::optional<mx::array>& w) {
+  return w ? mx::promote_types(x.dtype(), w->dtype()) : x.dtype();
 }
 
-mx::array forward(const mx::array& x, const std::optional<mx::array>& w,
-                  float eps, mx::StreamOrDevice s_, float offset) {
-  auto s = mx::to_stream(s_);
+std::vector<mx::array> forward(const mx::array& x_in, const std::optional<mx::array>& residual,
+                               const std::optional<mx::array>& w, float eps, float offset,
+                               mx::Stream s) {
+  auto x = residual ? mx::add(x_in, *residual, s) : x_in;
   auto out_type = result_type(x, w);
   auto ct = compute_type(out_type);
   auto xf = mx::astype(x, ct, s);
   auto y = mx::multiply(xf, rstd(xf, eps, s), s);
   if (w) y = mx::multiply(y, scale_of(*w, offset, ct, s), s);
-  return mx::astype(y, out_type, s);
+  y = mx::astype(y, out_type, s);
+  if (residual) return {y, x};
+  return {y};
 }
 
-std::vector<mx::array> backward(const mx::array& x,
-                                const std::optional<mx::array>& w,
-                                const mx::array& g, float eps, bool need_gw,
-                                mx::StreamOrDevice s_, float offset) {
-  auto s = mx::to_stream(s_);
+std::vector<mx::array> backward(const mx::array& x, const std::optional<mx::array>& w,
+                                const mx::array& g, const std::optional<mx::array>& g_h,
+                                float eps, bool need_gw, float offset, mx::Stream s) {
   auto ct = compute_type(result_type(x, w));
   auto xf = mx::astype(x, ct, s);
   auto gf = mx::astype(g, ct, s);
@@ -98,14 +107,70 @@ std::vector<mx::array> backward(const mx::array& x,
   auto gx = mx::subtract(mx::multiply(r, v, s),
                          mx::multiply(mx::multiply(xf, r, s), mrr, s), s);
   std::vector<mx::array> out = {mx::astype(gx, x.dtype(), s)};
-  if (w && need_gw) {
-    std::vector<int> rows(x.ndim() - 1);
-    std::iota(rows.begin(), rows.end(), 0);
-    auto gw = mx::multiply(gf, mx::multiply(xf, r, s), s);
-    if (!rows.empty()) gw = mx::sum(gw, rows, false, s);
-    out.push_back(mx::astype(gw, w->dtype(), s));
+  if (g_h) {
+    // in compute_type(h's dtype): float64 for float64
+    auto hct = compute_type(x.dtype());
+    out[0] = mx::astype(mx::add(mx::astype(out[0], hct, s), mx::astype(*g_h, hct, s), s),
+                        x.dtype(), s);
   }
+  if (w && need_gw)
+    out.push_back(mx::astype(column_sum(mx::multiply(gf, mx::multiply(xf, r, s), s), s),
+                             w->dtype(), s));
   return out;
 }
+
+}  // namespace rms
+
+namespace layer {
+
+mx::Dtype result_type(const mx::array& x, const std::optional<mx::array>& w,
+                      const std::optional<mx::array>& b) {
+  if (!w) return x.dtype();
+  return b ? mx::promote_types(mx::promote_types(x.dtype(), w->dtype()), b->dtype())
+           : mx::promote_types(x.dtype(), w->dtype());
+}
+
+std::vector<mx::array> forward(const mx::array& x_in, const std::optional<mx::array>& residual,
+                               const std::optional<mx::array>& w,
+                               const std::optional<mx::array>& b, float eps,
+                               mx::Dtype out_type, mx::Stream s) {
+  auto x = residual ? mx::add(x_in, *residual, s) : x_in;
+  auto ct = compute_type(out_type);
+  auto xf = mx::astype(x, ct, s);
+  auto d = mx::subtract(xf, mx::mean(xf, -1, /*keepdims=*/true, s), s);
+  auto var = mx::mean(mx::square(d, s), -1, /*keepdims=*/true, s);
+  auto y = mx::multiply(d, mx::rsqrt(mx::add(var, scalar(eps, ct), s), s), s);
+  if (w) y = mx::multiply(y, mx::astype(*w, ct, s), s);
+  if (b) y = mx::add(y, mx::astype(*b, ct, s), s);
+  y = mx::astype(y, out_type, s);
+  if (residual) return {y, x};
+  return {y};
+}
+
+std::vector<mx::array> backward(const mx::array& x, const std::optional<mx::array>& w,
+                                const std::optional<mx::array>& b, const mx::array& g,
+                                const std::optional<mx::array>& g_h, float eps, bool need_gw,
+                                bool need_gb, mx::Stream s) {
+  auto ct = compute_type(w ? mx::promote_types(x.dtype(), w->dtype()) : x.dtype());
+  if (g.dtype() == mx::float64) ct = mx::float64;
+  auto xf = mx::astype(x, ct, s);
+  auto gf = mx::astype(g, ct, s);
+  auto d = mx::subtract(xf, mx::mean(xf, -1, /*keepdims=*/true, s), s);
+  auto var = mx::mean(mx::square(d, s), -1, /*keepdims=*/true, s);
+  auto r = mx::rsqrt(mx::add(var, scalar(eps, ct), s), s);
+  auto xh = mx::multiply(d, r, s);
+  auto v = w ? mx::multiply(gf, mx::astype(*w, ct, s), s) : gf;
+  auto mv = mx::mean(v, -1, /*keepdims=*/true, s);
+  auto c = mx::mean(mx::multiply(v, xh, s), -1, /*keepdims=*/true, s);
+  auto gx = mx::multiply(r, mx::subtract(mx::subtract(v, mv, s), mx::multiply(xh, c, s), s), s);
+  if (g_h) gx = mx::add(gx, mx::astype(*g_h, ct, s), s);
+  std::vector<mx::array> out = {mx::astype(gx, x.dtype(), s)};
+  if (w && need_gw)
+    out.push_back(mx::astype(column_sum(mx::multiply(gf, xh, s), s), w->dtype(), s));
+  if (b && need_gb) out.push_back(mx::astype(column_sum(gf, s), b->dtype(), s));
+  return out;
+}
+
+}  // namespace layer
 
 }  // namespace mlx_rmsnorm::reference

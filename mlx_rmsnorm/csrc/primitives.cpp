@@ -1,7 +1,9 @@
-#include "norm_primitive.h"
+// What every norm primitive shares (primitives.h).
+#include "primitives.h"
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <typeinfo>
 
 #include "mlx/ops.h"
@@ -111,10 +113,10 @@ const mx::array& NormPrimitive::tail(const std::vector<mx::array>& in, int k) co
 
 #ifndef MLX_RMSNORM_CUDA
 void NormPrimitive::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error(
-      "[mlx_rmsnorm] this build has no GPU kernels: it was built against the "
-      "CPU flavor of MLX. Install MLX with CUDA (pip install 'mlx[cuda13]') "
-      "and rebuild mlx-rmsnorm, or run on the CPU stream.");
+  throw std::logic_error(
+      std::string("[mlx_rmsnorm] ") + name_ +
+      " reached a GPU stream in a build without GPU kernels (built against MLX "
+      "without CUDA); the ops send such streams to MLX's own ops: please report this.");
 }
 #endif
 
