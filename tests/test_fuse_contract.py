@@ -20,10 +20,7 @@ pytest.importorskip("mlx_lm.models")
 from mlx_lm.models import gemma3_text  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
-try:  # the tiny models (moving from tests/ to lab/)
-    from lab.tiny import LAYER_NORM, make, patched_and_fused, tokens  # noqa: E402
-except ImportError:  # pragma: no cover
-    from tiny_models import LAYER_NORM, make, patched_and_fused, tokens  # noqa: E402
+from lab.tiny import LAYER_NORM, make, patched_and_fused, tokens  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GEMMA = ["gemma", "gemma2", "gemma3_text"]
