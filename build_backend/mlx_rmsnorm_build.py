@@ -61,7 +61,8 @@ PTH_LINE = (
     "import os, sys; "
     "(lambda g: g('PATCH') not in " + _PTH_OFF + " or g('REPORT') not in " + _PTH_OFF
     + " or g('ROUTE_CPU') not in " + _PTH_ON_OR_OFF
-    + " or not (g('FUSE_MIN_ROWS').isascii() and g('FUSE_MIN_ROWS').isdigit() or not g('FUSE_MIN_ROWS')))"
+    + " or not (g('FUSE_MIN_ROWS').isascii() and g('FUSE_MIN_ROWS').isdigit() or not g('FUSE_MIN_ROWS'))"
+    " or g('ALLOCATOR') not in ('', 'pool', 'mlx'))"
     "(lambda v: os.environ.get('MLX_RMSNORM_' + v, '').strip().lower()) "
     "and 'mlx_rmsnorm' not in sys.modules "
     "and (setattr(sys, '_mlx_rmsnorm_from_pth', True), __import__('mlx_rmsnorm'))\n"

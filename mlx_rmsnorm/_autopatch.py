@@ -237,6 +237,10 @@ OFF = ("", "0", "false", "no", "off")
 # MLX_RMSNORM_PATCH's values: what patch() gets for each (OFF: no patch()).
 _PATCH_VALUES = {"1": False, "fuse": True}
 SWITCHES = ("MLX_RMSNORM_ROUTE_CPU", "MLX_RMSNORM_REPORT")
+# MLX_RMSNORM_ALLOCATOR: where our GPU outputs come from (read in C++,
+# device_memory.cpp, with the same spaces and case ignored): our pool (the
+# default) or MLX's allocator.
+ALLOCATORS = ("", "pool", "mlx")
 # Set on sys by the .pth line just before it imports the package: the import
 # runs inside site at interpreter start (the only way to know it: from Python
 # 3.11 site is frozen, and addsitedir can run it later too).
@@ -268,7 +272,8 @@ def read_environment() -> dict:
     anywhere stops the program with nothing patched): ``patch`` (None: off;
     else patch()'s ``fuse``), ``MLX_RMSNORM_ROUTE_CPU`` and
     ``MLX_RMSNORM_REPORT`` (bool), ``rows`` (MLX_RMSNORM_FUSE_MIN_ROWS's
-    digits, "" when unset). Needs no MLX."""
+    digits, "" when unset), ``MLX_RMSNORM_ALLOCATOR`` ("pool" or "mlx").
+    Needs no MLX."""
     found: dict = {}
     value = _raw("MLX_RMSNORM_PATCH").strip().lower()
     if value in OFF:
@@ -297,6 +302,14 @@ def read_environment() -> dict:
             "default."
         )
     found["rows"] = rows
+    allocator = _raw("MLX_RMSNORM_ALLOCATOR").strip().lower()
+    if allocator not in ALLOCATORS:
+        _bad_variable(
+            f"mlx_rmsnorm: MLX_RMSNORM_ALLOCATOR={_raw('MLX_RMSNORM_ALLOCATOR')!r} is neither pool "
+            "(our GPU memory pool, the default; also empty) nor mlx (MLX's allocator); set one of "
+            "them or unset the variable."
+        )
+    found["MLX_RMSNORM_ALLOCATOR"] = allocator or "pool"
     return found
 
 

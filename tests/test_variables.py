@@ -26,7 +26,8 @@ import pytest
 from mlx_rmsnorm import _autopatch
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIABLES = ("MLX_RMSNORM_PATCH", "MLX_RMSNORM_ROUTE_CPU", "MLX_RMSNORM_REPORT", "MLX_RMSNORM_FUSE_MIN_ROWS")
+VARIABLES = ("MLX_RMSNORM_PATCH", "MLX_RMSNORM_ROUTE_CPU", "MLX_RMSNORM_REPORT", "MLX_RMSNORM_FUSE_MIN_ROWS",
+             "MLX_RMSNORM_ALLOCATOR")
 
 
 def _backend():
@@ -78,12 +79,14 @@ BAD = [
     ("MLX_RMSNORM_FUSE_MIN_ROWS", "\u00b3"), ("MLX_RMSNORM_FUSE_MIN_ROWS", "\u0661"),
     ("MLX_RMSNORM_FUSE_MIN_ROWS", "-1"), ("MLX_RMSNORM_FUSE_MIN_ROWS", "1.5"),
     ("MLX_RMSNORM_FUSE_MIN_ROWS", "many"),
+    ("MLX_RMSNORM_ALLOCATOR", "torch"), ("MLX_RMSNORM_ALLOCATOR", "1"), ("MLX_RMSNORM_ALLOCATOR", "off"),
 ]
 ACCEPTED = {  # what the message names
     "MLX_RMSNORM_PATCH": ["1 (patch())", "fuse (patch(fuse=True))", "0, false, no, off"],
     "MLX_RMSNORM_ROUTE_CPU": ["1, true, yes, on", "0, false, no, off"],
     "MLX_RMSNORM_REPORT": ["1, true, yes, on", "0, false, no, off"],
     "MLX_RMSNORM_FUSE_MIN_ROWS": ["an integer >= 0"],
+    "MLX_RMSNORM_ALLOCATOR": ["pool", "mlx"],
 }
 
 
@@ -167,10 +170,19 @@ def test_min_rows_spellings(pth, value, rows):
     assert state["rows"] == rows
 
 
+@pytest.mark.parametrize("value,allocator", [("", "pool"), ("pool", "pool"), (" Pool ", "pool"),
+                                             ("mlx", "mlx"), (" MLX ", "mlx")])
+def test_allocator_spellings(pth, monkeypatch, value, allocator):
+    state, _ = _state({"MLX_RMSNORM_ALLOCATOR": value})
+    assert state["imported"] == "False"  # read by the extension when it allocates
+    monkeypatch.setenv("MLX_RMSNORM_ALLOCATOR", value)
+    assert _autopatch.read_environment()["MLX_RMSNORM_ALLOCATOR"] == allocator
+
+
 # --- the .pth's test agrees with the package's rules --------------------------------
 
 SPELLINGS = ["", " ", "0", " 0", "1", " 1 ", "true", "TRUE", "yes", "on", "false", "No", "off", "fuse",
-             "Fuse", "garbage", "2", "-1", "64", " 128 ", "\u00b3", "\u0661", "1.5"]
+             "Fuse", "garbage", "2", "-1", "64", " 128 ", "\u00b3", "\u0661", "1.5", "mlx", " MLX ", "pool"]
 
 
 def _pth_imports(line, env):

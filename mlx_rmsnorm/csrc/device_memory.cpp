@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -29,8 +30,15 @@ void check(cudaError_t err, const char* what) {
 
 bool use_mlx_allocator() {
   static const bool mlx = [] {
+    // "mlx", any case, spaces around ignored: the rule of every variable
+    // (_autopatch.read_environment, which stops the program at import on a
+    // value that is neither "pool" nor "mlx")
     const char* v = std::getenv("MLX_RMSNORM_ALLOCATOR");
-    return v != nullptr && std::strcmp(v, "mlx") == 0;
+    std::string s = v ? v : "";
+    const auto first = s.find_first_not_of(" \t\n");
+    s = first == std::string::npos ? "" : s.substr(first, s.find_last_not_of(" \t\n") - first + 1);
+    for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s == "mlx";
   }();
   return mlx;
 }
