@@ -136,23 +136,23 @@ inline constexpr RowPlan kBackwardSm80[] = {
 inline constexpr RowPlan kForward[] = {
     // N <= 32 .. 512: a persistent grid with w in fp32 registers (short rows
     // make many steps; w is read once a block, not once a row)
-    upto(4).block(128).group(4).chunks(1),
-    upto(8).block(128).group(8).chunks(1),
-    upto(16).block(256).group(16).chunks(1),
-    upto(32).block(256).group(32).chunks(1),
-    upto(64).block(256).group(32).chunks(2),
+    upto(4).block(128).group(4).chunks(1),    // N <= 32: 4 lanes a row
+    upto(8).block(128).group(8).chunks(1),    // N <= 64: 8 lanes a row
+    upto(16).block(256).group(16).chunks(1),  // N <= 128 (QK-norm): 16 rows a step
+    upto(32).block(256).group(32).chunks(1),  // N <= 256: a warp a row
+    upto(64).block(256).group(32).chunks(2),  // N <= 512: a warp, 2 vectors a lane
     // N <= 1024 .. 16384: a block per step, small blocks, w read after the
     // reduction (96-101% of the copy; the persistent grid 61-87%, w in
     // registers caps residency)
-    upto(128).block(64).group(64).chunks(2).persistent(false),
-    upto(256).block(128).group(128).chunks(2).persistent(false),
+    upto(128).block(64).group(64).chunks(2).persistent(false),     // N <= 1024
+    upto(256).block(128).group(128).chunks(2).persistent(false),   // N <= 2048
     // N <= 2560: sized to the row (faster than the N <= 4096 row there)
     upto(320).block(160).group(160).chunks(2).persistent(false),
-    upto(512).block(128).group(128).chunks(4).persistent(false),
+    upto(512).block(128).group(128).chunks(4).persistent(false),   // N <= 4096
     // N <= 5120: sized to the row, 56 registers (the built-in's 128 x 5: 70)
     upto(640).block(160).group(160).chunks(4).persistent(false),
-    upto(1024).block(256).group(256).chunks(4).persistent(false),
-    upto(2048).block(512).group(512).chunks(4).persistent(false),
+    upto(1024).block(256).group(256).chunks(4).persistent(false),  // N <= 8192
+    upto(2048).block(512).group(512).chunks(4).persistent(false),  // N <= 16384
     // N <= 32768: 1024 threads get 64 registers each: x fits, w or 8 chunks
     // would not (spills); longer rows take the looped kernel
     upto(4096).block(1024).group(1024).chunks(4).persistent(false),
@@ -167,13 +167,14 @@ inline constexpr RowPlan kForwardOneWave[] = {
     // N <= 512: kForward's rows (lanes of a warp a row, w in registers already)
     kForward[0], kForward[1], kForward[2], kForward[3], kForward[4],
     // N <= 1024 .. 5120: a block a row, one vector a thread (fastest at 1,
-    // 16 and 64 rows against 2 or 4 vectors a thread); at N = 8192 kForward's
-    // 256 x 4 with w first stays level with 512 x 2 and ahead of 1024 x 1
-    upto(128).block(128).group(128).chunks(1),
-    upto(256).block(256).group(256).chunks(1),
-    upto(320).block(320).group(320).chunks(1),
-    upto(512).block(512).group(512).chunks(1),
-    upto(640).block(640).group(640).chunks(1),
+    // 16 and 64 rows against 2 or 4 vectors a thread; us a launch at 1 row
+    // below); at N = 8192 kForward's 256 x 4 with w first stays level with
+    // 512 x 2 and ahead of 1024 x 1
+    upto(128).block(128).group(128).chunks(1),  // N <= 1024: 1.56 us against 1.77 (64 x 2)
+    upto(256).block(256).group(256).chunks(1),  // N <= 2048: 1.80 against 1.98 (128 x 2)
+    upto(320).block(320).group(320).chunks(1),  // N <= 2560: 1.85 against 2.03 (160 x 2)
+    upto(512).block(512).group(512).chunks(1),  // N <= 4096: 2.00 against 2.11 (256 x 2)
+    upto(640).block(640).group(640).chunks(1),  // N <= 5120: 2.12 against 2.20 (320 x 2)
 };
 
 // --- LayerNorm (row_math.cuh LayerRow; planned in layer_norm.cu) --------------
