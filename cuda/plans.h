@@ -56,6 +56,7 @@ struct RowMaker {
   constexpr RowMaker chunks(int v) const { return with(&RowPlan::chunks, v); }
   constexpr RowMaker stages(int v) const { return with(&RowPlan::stages, v); }
   constexpr RowMaker bulk(bool v = true) const { return with(&RowPlan::bulk, v); }
+  constexpr RowMaker cluster(int v) const { return with(&RowPlan::cluster, v); }
   constexpr RowMaker persistent(bool v) const { return with(&RowPlan::persistent, v); }
   constexpr RowMaker min_blocks(int v) const { return with(&RowPlan::min_blocks, v); }
   constexpr operator RowPlan() const { return p; }

@@ -47,60 +47,89 @@ using rmsnorm::FwdArgs;
 using rmsnorm::KernelCall;
 using rmsnorm::Plan;
 using rmsnorm::plans::RowPlan;
+using rmsnorm::plans::upto;
 using X = __nv_bfloat16;
 constexpr int kCalls = 20;
 constexpr float kEps = 1e-5f;
 
-// Backward rows: {max_nvec, block, group, chunks, stages, bulk, cluster,
-// persistent, min_steps, min_blocks} (plans.h RowPlan).
 // New: LayerRow candidates (a row is tried where max_nvec covers the row
 // without doubling it). block / group > 1: several rows a step, whose gw and
 // gb partials the block adds before storing one row of each.
 constexpr RowPlan kNew[] = {
     // N <= 768: 3 chunks of a warp
-    {96, 96, 32, 3, 2, true},
+    upto(96).block(96).group(32).chunks(3).stages(2).bulk(),
     // N <= 1024
-    {128, 128, 32, 4, 2, true}, {128, 128, 32, 4, 2, false}, {128, 256, 64, 2, 2, true},
-    {128, 128, 64, 2, 2, true}, {128, 256, 32, 4, 2, true},
+    upto(128).block(128).group(32).chunks(4).stages(2).bulk(),
+    upto(128).block(128).group(32).chunks(4).stages(2),
+    upto(128).block(256).group(64).chunks(2).stages(2).bulk(),
+    upto(128).block(128).group(64).chunks(2).stages(2).bulk(),
+    upto(128).block(256).group(32).chunks(4).stages(2).bulk(),
     // N <= 1280: 160 vectors (a block of 5 warps a row, or 3 rows of 2 warps x 3 chunks)
-    {160, 160, 160, 1, 2, true}, {160, 320, 160, 1, 2, true}, {192, 192, 64, 3, 2, true},
+    upto(160).block(160).group(160).chunks(1).stages(2).bulk(),
+    upto(160).block(320).group(160).chunks(1).stages(2).bulk(),
+    upto(192).block(192).group(64).chunks(3).stages(2).bulk(),
     // N <= 2048
-    {256, 128, 128, 2, 2, true}, {256, 256, 128, 2, 2, true}, {256, 256, 128, 2, 2, false},
-    {256, 512, 128, 2, 2, true, 1, true, 1, 2}, {256, 256, 64, 4, 2, true},
-    {256, 256, 128, 2, 3, true},
+    upto(256).block(128).group(128).chunks(2).stages(2).bulk(),
+    upto(256).block(256).group(128).chunks(2).stages(2).bulk(),
+    upto(256).block(256).group(128).chunks(2).stages(2),
+    upto(256).block(512).group(128).chunks(2).stages(2).bulk().min_blocks(2),
+    upto(256).block(256).group(64).chunks(4).stages(2).bulk(),
+    upto(256).block(256).group(128).chunks(2).stages(3).bulk(),
     // N <= 2560 / 3072
-    {320, 160, 160, 2, 2, true}, {320, 320, 160, 2, 2, true},
-    {384, 192, 192, 2, 2, false}, {384, 192, 192, 2, 2, true}, {384, 384, 192, 2, 2, false},
-    {384, 384, 192, 2, 2, true}, {384, 128, 128, 3, 2, true}, {384, 192, 192, 2, 3, true},
+    upto(320).block(160).group(160).chunks(2).stages(2).bulk(),
+    upto(320).block(320).group(160).chunks(2).stages(2).bulk(),
+    upto(384).block(192).group(192).chunks(2).stages(2),
+    upto(384).block(192).group(192).chunks(2).stages(2).bulk(),
+    upto(384).block(384).group(192).chunks(2).stages(2),
+    upto(384).block(384).group(192).chunks(2).stages(2).bulk(),
+    upto(384).block(128).group(128).chunks(3).stages(2).bulk(),
+    upto(384).block(192).group(192).chunks(2).stages(3).bulk(),
     // N <= 4096
-    {512, 256, 256, 2, 2, true}, {512, 256, 256, 2, 3, true}, {512, 512, 256, 2, 2, true},
+    upto(512).block(256).group(256).chunks(2).stages(2).bulk(),
+    upto(512).block(256).group(256).chunks(2).stages(3).bulk(),
+    upto(512).block(512).group(256).chunks(2).stages(2).bulk(),
     // N <= 5120 (640 vectors)
-    {640, 320, 320, 2, 2, false}, {640, 320, 320, 2, 2, true}, {640, 320, 320, 2, 3, true},
-    {640, 160, 160, 4, 2, true}, {640, 640, 320, 2, 2, true},
+    upto(640).block(320).group(320).chunks(2).stages(2),
+    upto(640).block(320).group(320).chunks(2).stages(2).bulk(),
+    upto(640).block(320).group(320).chunks(2).stages(3).bulk(),
+    upto(640).block(160).group(160).chunks(4).stages(2).bulk(),
+    upto(640).block(640).group(320).chunks(2).stages(2).bulk(),
     // N <= 8192
-    {1024, 256, 256, 4, 2, true}, {1024, 512, 256, 4, 2, true},
-    {1024, 512, 512, 2, 2, true, 1, true, 1, 2}, {1024, 512, 512, 2, 3, true},
+    upto(1024).block(256).group(256).chunks(4).stages(2).bulk(),
+    upto(1024).block(512).group(256).chunks(4).stages(2).bulk(),
+    upto(1024).block(512).group(512).chunks(2).stages(2).bulk().min_blocks(2),
+    upto(1024).block(512).group(512).chunks(2).stages(3).bulk(),
     // N <= 16384
-    {2048, 512, 512, 4, 2, true}, {2048, 1024, 1024, 2, 2, true},
+    upto(2048).block(512).group(512).chunks(4).stages(2).bulk(),
+    upto(2048).block(1024).group(1024).chunks(2).stages(2).bulk(),
 };
 // The weight in registers (LayerRowWRegs): the fallback row of plans.h.
-constexpr RowPlan kRegs[] = {{2048, 1024, 1024, 2, 2, true}};
-// Forward rows: LayerRow candidates, w and b read as x (W_AS_X, as the planner does where both are in
-// x's dtype, as here), on other shapes of row and with register caps
-// (min_blocks). At N = 1280-2560 the planned 128 x 2 row takes 47 registers
+constexpr RowPlan kRegs[] = {
+    upto(2048).block(1024).group(1024).chunks(2).stages(2).bulk(),
+};
+// Forward rows: LayerRow candidates, w and b read as x (W_AS_X, as the
+// planner does where both are in x's dtype, as here), on other shapes of row
+// and with register caps (min_blocks). At N = 1280-2560 the planned 128 x 2 row takes 47 registers
 // against RMSNorm's 40 (62.5% against 75% occupancy): a chunk a thread, a
 // cap of 12 blocks a SM (<= 40 registers) and a row sized to 2560 are tried.
 constexpr bool B = false;  // a block per step
 // (Caps of 10-24 blocks a SM on the small rows spilled and lost on the H200
 // before W_AS_X, docs/h200/2026-12-01-20c7c90/run2-bench.log.)
 constexpr RowPlan kFwdNew[] = {
-    {128, 64, 64, 2, 1, false, 1, B},          {128, 128, 32, 4, 1, false, 1, B},
-    {128, 128, 128, 1, 1, false, 1, B},        {160, 160, 160, 1, 1, false, 1, B},
-    {160, 128, 128, 2, 1, false, 1, B, 1, 12}, {256, 128, 128, 2, 1, false, 1, B},
-    {256, 128, 128, 2, 1, false, 1, B, 1, 12}, {256, 256, 256, 1, 1, false, 1, B},
-    {320, 160, 160, 2, 1, false, 1, B, 1, 12}, {320, 320, 320, 1, 1, false, 1, B},
-    {512, 128, 128, 4, 1, false, 1, B},        {512, 256, 256, 2, 1, false, 1, B},
-    {1024, 256, 256, 4, 1, false, 1, B},       {2048, 512, 512, 4, 1, false, 1, B, 1, 2},
+    upto(128).block(64).group(64).chunks(2).persistent(B),
+    upto(128).block(128).group(32).chunks(4).persistent(B),
+    upto(128).block(128).group(128).chunks(1).persistent(B),
+    upto(160).block(160).group(160).chunks(1).persistent(B),
+    upto(160).block(128).group(128).chunks(2).persistent(B).min_blocks(12),
+    upto(256).block(128).group(128).chunks(2).persistent(B),
+    upto(256).block(128).group(128).chunks(2).persistent(B).min_blocks(12),
+    upto(256).block(256).group(256).chunks(1).persistent(B),
+    upto(320).block(160).group(160).chunks(2).persistent(B).min_blocks(12),
+    upto(320).block(320).group(320).chunks(1).persistent(B),
+    upto(512).block(128).group(128).chunks(4).persistent(B),
+    upto(512).block(256).group(256).chunks(2).persistent(B),
+    upto(1024).block(256).group(256).chunks(4).persistent(B),
+    upto(2048).block(512).group(512).chunks(4).persistent(B).min_blocks(2),
 };
 
 template <typename Row, const auto& T, std::size_t... I>
