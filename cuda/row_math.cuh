@@ -107,85 +107,9 @@ struct RmsRow {
 // xh = (x - mu) r, y = xh w + b;
 // gx = r (g w - mean(g w) - xh mean(g w xh)), gw = sum_rows g xh,
 // gb = sum_rows g.
-// LayerRowTwoPass: two passes in both directions, the mean first, then the
-// centred sums (the row is on chip already, so the second pass costs a block
-// reduction, not a read). Kept beside LayerRow for the standalone benchmark
-// (cuda/cli/layer_norm_bench), which times one against the other.
-struct LayerRowTwoPass {
-  static constexpr int kExtraIn = 0, kExtraOut = 0;
-  using Sums = float2;
-  static constexpr bool kShift = false, kWShared = false;
-
-  static constexpr int kFwdPasses = 2;
-  static constexpr bool kBias = true;
-  struct FwdStats {
-    float mean, rstd;
-  };
-  template <int P>
-  __device__ __forceinline__ static void fwd_add(float2& s, float x, const FwdStats& st) {
-    if constexpr (P == 0) {
-      s.x += x;
-    } else {
-      const float d = x - st.mean;
-      s.x += d * d;
-    }
-  }
-  template <int P>
-  __device__ __forceinline__ static void fwd_finish(float2 s, int n, float eps,
-                                                    FwdStats& st) {
-    if constexpr (P == 0) {
-      st.mean = s.x / n;
-    } else {
-      st.rstd = rsqrtf(s.x / n + eps);
-    }
-  }
-  __device__ __forceinline__ static float y(float x, float w, float b, const FwdStats& st) {
-    return (x - st.mean) * st.rstd * w + b;
-  }
-
-  static constexpr int kPasses = 2;
-  static constexpr int kPartials = 2;  // gw, gb
-  struct Stats {
-    float mean, mgw;  // pass 0: mean(x), mean(g w)
-    float rstd, c;    // pass 1: r, c = mean(g w xh)
-  };
-  template <int P>
-  __device__ __forceinline__ static void add(float2& s, float x, float g, float w,
-                                             const Stats& st) {
-    if constexpr (P == 0) {
-      s.x += x;
-      s.y += g * w;
-    } else {
-      const float d = x - st.mean;
-      s.x += d * d;
-      s.y += g * w * d;
-    }
-  }
-  template <int P>
-  __device__ __forceinline__ static void finish(float2 s, int n, float eps, Stats& st) {
-    if constexpr (P == 0) {
-      st.mean = s.x / n;
-      st.mgw = s.y / n;
-    } else {
-      st.rstd = rsqrtf(s.x / n + eps);
-      st.c = s.y / n * st.rstd;  // mean(g w (x - mu)) r = mean(g w xh)
-    }
-  }
-  __device__ __forceinline__ static float gx(float x, float g, float w, const Stats& st) {
-    const float xh = (x - st.mean) * st.rstd;
-    return st.rstd * (g * w - st.mgw - xh * st.c);
-  }
-  __device__ __forceinline__ static float partial(int p, float x, float g, const Stats& st) {
-    return p == 0 ? g * ((x - st.mean) * st.rstd) : g;
-  }
-  __device__ __forceinline__ static bool wants(const BwdArgs& a, int p) {
-    return p == 0 ? a.gw != nullptr : a.gb != nullptr;
-  }
-};
-
-// LayerRow: the same math in one block reduction a row (one pass in each
-// direction). The sums are taken about a shift K, the mean of the row's first
-// 16-byte vector (the walk sets st.shift): with d = x - K,
+// LayerRow: one block reduction a row (one pass in each direction). The sums
+// are taken about a shift K, the mean of the row's first 16-byte vector (the
+// walk sets st.shift): with d = x - K,
 //   mean = K + mean(d),  var = mean(d^2) - mean(d)^2,
 //   mean(g w xh) = r (mean(g w d) - mean(d) mean(g w)).
 // Without the shift (K = 0) the variance would lose its digits as

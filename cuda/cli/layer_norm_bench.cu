@@ -6,20 +6,19 @@
 //                    [--no-time] [--ncu]
 //
 // Check (first): the planned LayerNorm chains (plan_layer_forward /
-// plan_layer_backward, row_math.cuh LayerRow) and the two-pass policy
-// (LayerRowTwoPass) against a float64 host reference on small shapes (bf16,
-// random and with an outlying first vector, the shift's worst kind of row),
-// an fp32 row of mean 1000 and spread 1, and bitwise determinism.
+// plan_layer_backward, row_math.cuh LayerRow) against a float64 host
+// reference on small shapes (bf16, random and with an outlying first vector,
+// the shift's worst kind of row), an fp32 row of mean 1000 and spread 1,
+// add_layer_norm, and bitwise determinism.
 //
 // Time: at each shape (bf16, the LayerNorm table's shapes), a CUDA graph of
 // kCalls back-to-back calls, median us per call over G replays (as MLX runs
 // many calls in one eval), the inputs rotating over enough buffer sets that
 // a graph's bytes are several times the L2. Rows: the ceilings (x + g: two
 // reads and a write, the backward's bytes; a device copy of x: the forward's),
-// our RMSNorm chains as planned, LayerNorm as planned, the two-pass policy on
-// the rows it had before (old), and candidates (new: LayerRow, regs: LayerRow
-// with the weight in registers) at several grid caps (s>=k: each unit walks
-// at least k steps). Each LayerNorm result is checked against the first one
+// our RMSNorm chains as planned, LayerNorm as planned, and candidates (new:
+// LayerRow, regs: LayerRow with the weight in registers) at several grid caps
+// (s>=k: each unit walks at least k steps). Each LayerNorm result is checked against the first one
 // timed at the shape. --ncu launches each selected row three times, no graph
 // (for `ncu -k regex:... --launch-skip 1 --launch-count 1`).
 #include <cuda_bf16.h>
@@ -48,71 +47,89 @@ using rmsnorm::FwdArgs;
 using rmsnorm::KernelCall;
 using rmsnorm::Plan;
 using rmsnorm::plans::RowPlan;
+using rmsnorm::plans::upto;
 using X = __nv_bfloat16;
 constexpr int kCalls = 20;
 constexpr float kEps = 1e-5f;
 
-// Backward rows: {max_nvec, block, group, chunks, stages, bulk, cluster,
-// persistent, min_steps, min_blocks}. Old: the two-pass policy on the rows the
-// table had for it.
-constexpr RowPlan kOld[] = {
-    {128, 128, 128, 1, 2, true},  {256, 256, 256, 1, 2, false}, {512, 256, 256, 2, 2, false},
-    {1024, 1024, 1024, 1, 3, true}, {2048, 1024, 1024, 2, 2, true},
-};
 // New: LayerRow candidates (a row is tried where max_nvec covers the row
 // without doubling it). block / group > 1: several rows a step, whose gw and
 // gb partials the block adds before storing one row of each.
 constexpr RowPlan kNew[] = {
     // N <= 768: 3 chunks of a warp
-    {96, 96, 32, 3, 2, true},
+    upto(96).block(96).group(32).chunks(3).stages(2).bulk(),
     // N <= 1024
-    {128, 128, 32, 4, 2, true}, {128, 128, 32, 4, 2, false}, {128, 256, 64, 2, 2, true},
-    {128, 128, 64, 2, 2, true}, {128, 256, 32, 4, 2, true},
+    upto(128).block(128).group(32).chunks(4).stages(2).bulk(),
+    upto(128).block(128).group(32).chunks(4).stages(2),
+    upto(128).block(256).group(64).chunks(2).stages(2).bulk(),
+    upto(128).block(128).group(64).chunks(2).stages(2).bulk(),
+    upto(128).block(256).group(32).chunks(4).stages(2).bulk(),
     // N <= 1280: 160 vectors (a block of 5 warps a row, or 3 rows of 2 warps x 3 chunks)
-    {160, 160, 160, 1, 2, true}, {160, 320, 160, 1, 2, true}, {192, 192, 64, 3, 2, true},
+    upto(160).block(160).group(160).chunks(1).stages(2).bulk(),
+    upto(160).block(320).group(160).chunks(1).stages(2).bulk(),
+    upto(192).block(192).group(64).chunks(3).stages(2).bulk(),
     // N <= 2048
-    {256, 128, 128, 2, 2, true}, {256, 256, 128, 2, 2, true}, {256, 256, 128, 2, 2, false},
-    {256, 512, 128, 2, 2, true, 1, true, 1, 2}, {256, 256, 64, 4, 2, true},
-    {256, 256, 128, 2, 3, true},
+    upto(256).block(128).group(128).chunks(2).stages(2).bulk(),
+    upto(256).block(256).group(128).chunks(2).stages(2).bulk(),
+    upto(256).block(256).group(128).chunks(2).stages(2),
+    upto(256).block(512).group(128).chunks(2).stages(2).bulk().min_blocks(2),
+    upto(256).block(256).group(64).chunks(4).stages(2).bulk(),
+    upto(256).block(256).group(128).chunks(2).stages(3).bulk(),
     // N <= 2560 / 3072
-    {320, 160, 160, 2, 2, true}, {320, 320, 160, 2, 2, true},
-    {384, 192, 192, 2, 2, false}, {384, 192, 192, 2, 2, true}, {384, 384, 192, 2, 2, false},
-    {384, 384, 192, 2, 2, true}, {384, 128, 128, 3, 2, true}, {384, 192, 192, 2, 3, true},
+    upto(320).block(160).group(160).chunks(2).stages(2).bulk(),
+    upto(320).block(320).group(160).chunks(2).stages(2).bulk(),
+    upto(384).block(192).group(192).chunks(2).stages(2),
+    upto(384).block(192).group(192).chunks(2).stages(2).bulk(),
+    upto(384).block(384).group(192).chunks(2).stages(2),
+    upto(384).block(384).group(192).chunks(2).stages(2).bulk(),
+    upto(384).block(128).group(128).chunks(3).stages(2).bulk(),
+    upto(384).block(192).group(192).chunks(2).stages(3).bulk(),
     // N <= 4096
-    {512, 256, 256, 2, 2, true}, {512, 256, 256, 2, 3, true}, {512, 512, 256, 2, 2, true},
+    upto(512).block(256).group(256).chunks(2).stages(2).bulk(),
+    upto(512).block(256).group(256).chunks(2).stages(3).bulk(),
+    upto(512).block(512).group(256).chunks(2).stages(2).bulk(),
     // N <= 5120 (640 vectors)
-    {640, 320, 320, 2, 2, false}, {640, 320, 320, 2, 2, true}, {640, 320, 320, 2, 3, true},
-    {640, 160, 160, 4, 2, true}, {640, 640, 320, 2, 2, true},
+    upto(640).block(320).group(320).chunks(2).stages(2),
+    upto(640).block(320).group(320).chunks(2).stages(2).bulk(),
+    upto(640).block(320).group(320).chunks(2).stages(3).bulk(),
+    upto(640).block(160).group(160).chunks(4).stages(2).bulk(),
+    upto(640).block(640).group(320).chunks(2).stages(2).bulk(),
     // N <= 8192
-    {1024, 256, 256, 4, 2, true}, {1024, 512, 256, 4, 2, true},
-    {1024, 512, 512, 2, 2, true, 1, true, 1, 2}, {1024, 512, 512, 2, 3, true},
+    upto(1024).block(256).group(256).chunks(4).stages(2).bulk(),
+    upto(1024).block(512).group(256).chunks(4).stages(2).bulk(),
+    upto(1024).block(512).group(512).chunks(2).stages(2).bulk().min_blocks(2),
+    upto(1024).block(512).group(512).chunks(2).stages(3).bulk(),
     // N <= 16384
-    {2048, 512, 512, 4, 2, true}, {2048, 1024, 1024, 2, 2, true},
+    upto(2048).block(512).group(512).chunks(4).stages(2).bulk(),
+    upto(2048).block(1024).group(1024).chunks(2).stages(2).bulk(),
 };
 // The weight in registers (LayerRowWRegs): the fallback row of plans.h.
-constexpr RowPlan kRegs[] = {{2048, 1024, 1024, 2, 2, true}};
-// Forward rows: old = the two-pass policy on plans::kForward's rows; new =
-// LayerRow, w and b read as x (W_AS_X, as the planner does where both are in
-// x's dtype, as here), on other shapes of row and with register caps
-// (min_blocks). At N = 1280-2560 the planned 128 x 2 row takes 47 registers
+constexpr RowPlan kRegs[] = {
+    upto(2048).block(1024).group(1024).chunks(2).stages(2).bulk(),
+};
+// Forward rows: LayerRow candidates, w and b read as x (W_AS_X, as the
+// planner does where both are in x's dtype, as here), on other shapes of row
+// and with register caps (min_blocks). At N = 1280-2560 the planned 128 x 2 row takes 47 registers
 // against RMSNorm's 40 (62.5% against 75% occupancy): a chunk a thread, a
 // cap of 12 blocks a SM (<= 40 registers) and a row sized to 2560 are tried.
 constexpr bool B = false;  // a block per step
-constexpr RowPlan kFwdOld[] = {
-    {128, 64, 64, 2, 1, false, 1, B},    {256, 128, 128, 2, 1, false, 1, B},
-    {512, 128, 128, 4, 1, false, 1, B},  {1024, 256, 256, 4, 1, false, 1, B},
-    {2048, 512, 512, 4, 1, false, 1, B},
-};
 // (Caps of 10-24 blocks a SM on the small rows spilled and lost on the H200
 // before W_AS_X, docs/h200/2026-12-01-20c7c90/run2-bench.log.)
 constexpr RowPlan kFwdNew[] = {
-    {128, 64, 64, 2, 1, false, 1, B},          {128, 128, 32, 4, 1, false, 1, B},
-    {128, 128, 128, 1, 1, false, 1, B},        {160, 160, 160, 1, 1, false, 1, B},
-    {160, 128, 128, 2, 1, false, 1, B, 1, 12}, {256, 128, 128, 2, 1, false, 1, B},
-    {256, 128, 128, 2, 1, false, 1, B, 1, 12}, {256, 256, 256, 1, 1, false, 1, B},
-    {320, 160, 160, 2, 1, false, 1, B, 1, 12}, {320, 320, 320, 1, 1, false, 1, B},
-    {512, 128, 128, 4, 1, false, 1, B},        {512, 256, 256, 2, 1, false, 1, B},
-    {1024, 256, 256, 4, 1, false, 1, B},       {2048, 512, 512, 4, 1, false, 1, B, 1, 2},
+    upto(128).block(64).group(64).chunks(2).persistent(B),
+    upto(128).block(128).group(32).chunks(4).persistent(B),
+    upto(128).block(128).group(128).chunks(1).persistent(B),
+    upto(160).block(160).group(160).chunks(1).persistent(B),
+    upto(160).block(128).group(128).chunks(2).persistent(B).min_blocks(12),
+    upto(256).block(128).group(128).chunks(2).persistent(B),
+    upto(256).block(128).group(128).chunks(2).persistent(B).min_blocks(12),
+    upto(256).block(256).group(256).chunks(1).persistent(B),
+    upto(320).block(160).group(160).chunks(2).persistent(B).min_blocks(12),
+    upto(320).block(320).group(320).chunks(1).persistent(B),
+    upto(512).block(128).group(128).chunks(4).persistent(B),
+    upto(512).block(256).group(256).chunks(2).persistent(B),
+    upto(1024).block(256).group(256).chunks(4).persistent(B),
+    upto(2048).block(512).group(512).chunks(4).persistent(B).min_blocks(2),
 };
 
 template <typename Row, const auto& T, std::size_t... I>
@@ -153,10 +170,9 @@ int sm_count() {
 }
 
 // A persistent LayerNorm backward chain for one row plan, sized as
-// layer_norm.cu sizes it: the walk, then the column sums (both in one launch,
-// or the old two).
+// layer_norm.cu sizes it: the walk, then one column sum of gw and gb.
 Plan bwd_chain(const void* fn, const RowPlan& p, bool w_shared, int64_t m, int n,
-               int min_steps, bool two_colsums) {
+               int min_steps) {
   const int nvec = n / 8;
   const size_t smem = rmsnorm::plans::persistent_smem(p, nvec, 1) + (w_shared ? 4 * n : 0);
   Plan plan;
@@ -178,15 +194,8 @@ Plan bwd_chain(const void* fn, const RowPlan& p, bool w_shared, int64_t m, int n
                   : reinterpret_cast<const void*>(&rmsnorm::colsum<float, true, 32, P>);
   };
   const dim3 blocks((n + cols - 1) / cols), threads(cols, 1024 / cols);
-  if (two_colsums) {
-    plan.calls.push_back(KernelCall{colsum(std::integral_constant<int, 0>{}), nullptr, blocks,
-                                    threads, 0, "colsum_gw"});
-    plan.calls.push_back(KernelCall{colsum(std::integral_constant<int, 1>{}), nullptr, blocks,
-                                    threads, 0, "colsum_gb"});
-  } else {
-    plan.calls.push_back(KernelCall{colsum(std::integral_constant<int, rmsnorm::kBothParts>{}),
-                                    nullptr, blocks, threads, 0, "colsum_gw_gb"});
-  }
+  plan.calls.push_back(KernelCall{colsum(std::integral_constant<int, rmsnorm::kBothParts>{}),
+                                  nullptr, blocks, threads, 0, "colsum_gw_gb"});
   return plan;
 }
 
@@ -265,14 +274,12 @@ struct Outputs {
   std::vector<float> y, gx, gw, gb;
 };
 
-// Runs a forward and a backward plan (made by the callers) on host data of
-// storage type T; w, b, gw, gb in T too.
+// Runs the planned forward and backward on host data of storage type T; w,
+// b, gw, gb in T too.
 template <typename T>
 Outputs run_chains(const std::vector<float>& x, const std::vector<float>& w,
                    const std::vector<float>& b, const std::vector<float>& g, int64_t m, int n,
-                   DType dt, bool planned, const void* old_bwd = nullptr,
-                   const RowPlan* old_row = nullptr, const void* old_fwd = nullptr,
-                   const RowPlan* old_fwd_row = nullptr) {
+                   DType dt) {
   const size_t count = size_t(m) * n;
   void *dx = upload<T>(x), *dw = upload<T>(w), *db = upload<T>(b), *dg = upload<T>(g);
   void *dy, *dgx, *dgw, *dgb;
@@ -289,32 +296,17 @@ Outputs run_chains(const std::vector<float>& x, const std::vector<float>& w,
   f.x = dx; f.w = dw; f.y = dy; f.rows = m; f.n = n; f.eps = kEps;
   f.x_dtype = f.w_dtype = f.y_dtype = dt;
   f.b = db; f.b_dtype = dt;
-  Plan fp;
-  if (planned) {
-    fp = rmsnorm::plan_layer_forward(f);
-  } else {
-    const int rows_per_step = old_fwd_row->block / old_fwd_row->group;
-    fp.calls.push_back(KernelCall{old_fwd, nullptr, dim3((m + rows_per_step - 1) / rows_per_step),
-                                  dim3(old_fwd_row->block), 0, "old_fwd"});
-  }
+  const Plan fp = rmsnorm::plan_layer_forward(f);
   CHECK(rmsnorm::launch(fp, &f, 0));
 
   BwdArgs a{};
   a.x = dx; a.w = dw; a.g = dg; a.gx = dgx; a.gw = dgw; a.gb = dgb;
   a.rows = m; a.n = n; a.eps = kEps;
   a.x_dtype = a.w_dtype = a.g_dtype = a.b_dtype = dt;
-  Plan bp = planned ? rmsnorm::plan_layer_backward(a)
-                    : bwd_chain(old_bwd, *old_row, false, m, n, 1, true);
+  const Plan bp = rmsnorm::plan_layer_backward(a);
   void* scratch = nullptr;
-  const size_t scratch_bytes =
-      planned ? bp.scratch_bytes : size_t(2) * bp.partial_rows * n * sizeof(float);
-  CHECK(cudaMalloc(&scratch, std::max<size_t>(scratch_bytes, 16)));
-  if (planned) {
-    rmsnorm::bind_scratch(a, bp, scratch);
-  } else {
-    a.partials = static_cast<float*>(scratch);
-    a.partial_rows = bp.partial_rows;
-  }
+  CHECK(cudaMalloc(&scratch, std::max<size_t>(bp.scratch_bytes, 16)));
+  rmsnorm::bind_scratch(a, bp, scratch);
   CHECK(rmsnorm::launch(bp, &a, 0));
   CHECK(cudaDeviceSynchronize());
   CHECK(cudaGetLastError());
@@ -402,33 +394,16 @@ int check_section() {
     char label[48];
     std::snprintf(label, sizeof label, "%lldx%d bf16%s", (long long)c.m, c.n,
                   c.kind ? " outlier" : "");
-    const int nvec = c.n / 8;
-    // The two-pass policy on its old rows, where the shapes take one.
-    int old_i = -1, old_f = -1;
-    for (int i = 0; i < int(std::size(kOld)); ++i)
-      if (old_i < 0 && kOld[i].max_nvec >= nvec) old_i = i;
-    for (int i = 0; i < int(std::size(kFwdOld)); ++i)
-      if (old_f < 0 && kFwdOld[i].max_nvec >= nvec) old_f = i;
-    for (int planned = 1; planned >= 0; --planned) {
-      if (!planned && (old_i < 0 || old_f < 0 || nvec < 64)) continue;
-      Outputs o =
-          planned ? run_chains<X>(x, w, b, g, c.m, c.n, DType::BF16, true)
-                  : run_chains<X>(
-                        x, w, b, g, c.m, c.n, DType::BF16, false,
-                        bwd_kernel<rmsnorm::LayerRowTwoPass, kOld>(
-                            old_i, std::make_index_sequence<std::size(kOld)>{}),
-                        &kOld[old_i],
-                        fwd_kernel<rmsnorm::LayerRowTwoPass, kFwdOld, false>(
-                            old_f, std::make_index_sequence<std::size(kFwdOld)>{}),
-                        &kFwdOld[old_f]);
+    {
+      Outputs o = run_chains<X>(x, w, b, g, c.m, c.n, DType::BF16);
       const double e[4] = {err(o.y, ref.y), err(o.gx, ref.gx), err(o.gw, ref.gw),
                            err(o.gb, ref.gb)};
       // bf16 outputs: one rounding (2^-8 relative) plus the fp32 sums.
       bool ok = true;
       for (double v : e) ok = ok && std::isfinite(v) && v <= 1e-2;
       if (!ok) status = 1;
-      std::printf("%-26s %-8s %9.2e %9.2e %9.2e %9.2e  %s\n", label,
-                  planned ? "planned" : "2-pass", e[0], e[1], e[2], e[3], ok ? "ok" : "FAIL");
+      std::printf("%-26s %-8s %9.2e %9.2e %9.2e %9.2e  %s\n", label, "planned", e[0], e[1],
+                  e[2], e[3], ok ? "ok" : "FAIL");
     }
   }
   {
@@ -438,7 +413,7 @@ int check_section() {
     auto x = randn(size_t(m) * n, 1000.f, 1.f);
     auto w = randn(n, 1.f, 0.5f), b = randn(n, 0.f, 0.5f), g = randn(size_t(m) * n, 0.f, 1.f);
     const Ref ref = reference(x, w, b, g, m, n);
-    Outputs o = run_chains<float>(x, w, b, g, m, n, DType::F32, true);
+    Outputs o = run_chains<float>(x, w, b, g, m, n, DType::F32);
     const double e[4] = {err(o.y, ref.y), err(o.gx, ref.gx), err(o.gw, ref.gw),
                          err(o.gb, ref.gb)};
     bool ok = true;
@@ -476,8 +451,8 @@ int check_section() {
     const int n = 2048;
     auto x = randn(size_t(m) * n, 0.f, 1.f), g = randn(size_t(m) * n, 0.f, 1.f);
     auto w = randn(n, 1.f, 0.5f), b = randn(n, 0.f, 0.5f);
-    Outputs o1 = run_chains<X>(x, w, b, g, m, n, DType::BF16, true);
-    Outputs o2 = run_chains<X>(x, w, b, g, m, n, DType::BF16, true);
+    Outputs o1 = run_chains<X>(x, w, b, g, m, n, DType::BF16);
+    Outputs o2 = run_chains<X>(x, w, b, g, m, n, DType::BF16);
     const bool same = o1.y == o2.y && o1.gx == o2.gx && o1.gw == o2.gw && o1.gb == o2.gb;
     if (!same) status = 1;
     std::printf("%-26s %-8s %s\n", "4096x2048 twice", "planned",
@@ -660,18 +635,6 @@ int time_shape(const Options& opt, int64_t m, int n, std::vector<Result>& summar
   };
   const int nvec = n / 8;
   {
-    // Old: the two-pass policy, its old row, two column sums.
-    int i = -1;
-    for (int k = 0; k < int(std::size(kOld)) && i < 0; ++k)
-      if (kOld[k].max_nvec >= nvec) i = k;
-    if (i >= 0) {
-      const void* fn = bwd_kernel<rmsnorm::LayerRowTwoPass, kOld>(
-          i, std::make_index_sequence<std::size(kOld)>{});
-      bwd_variant(std::string("ln bwd old ") + row_name(kOld[i], false),
-                  bwd_chain(fn, kOld[i], false, m, n, 1, true));
-    }
-  }
-  {
     BwdArgs a = bwd_args(0);
     const Plan p = rmsnorm::plan_layer_backward(a);
     bwd_variant("ln bwd planned", p);
@@ -684,7 +647,7 @@ int time_shape(const Options& opt, int64_t m, int n, std::vector<Result>& summar
       const void* fn = kernel_of(i);
       int last_grid = -1;
       for (int s : min_steps) {
-        Plan plan = bwd_chain(fn, p, w_shared, m, n, s, false);
+        Plan plan = bwd_chain(fn, p, w_shared, m, n, s);
         if (plan.calls.empty()) {
           std::printf("%-12s ln bwd %s %s does not fit\n", shape, tag, row_name(p, false));
           break;
@@ -746,14 +709,6 @@ int time_shape(const Options& opt, int64_t m, int n, std::vector<Result>& summar
     return plan;
   };
   {
-    int i = -1;
-    for (int k = 0; k < int(std::size(kFwdOld)) && i < 0; ++k)
-      if (kFwdOld[k].max_nvec >= nvec) i = k;
-    if (i >= 0)
-      fwd_variant(std::string("ln fwd old ") + row_name(kFwdOld[i], true),
-                  fwd_plan(fwd_kernel<rmsnorm::LayerRowTwoPass, kFwdOld, false>(
-                               i, std::make_index_sequence<std::size(kFwdOld)>{}),
-                           kFwdOld[i]));
     FwdArgs f = fwd_args(0);
     fwd_variant("ln fwd planned", rmsnorm::plan_layer_forward(f));
     for (int k = 0; k < int(std::size(kFwdNew)); ++k) {
@@ -855,12 +810,11 @@ int main(int argc, char** argv) {
     status |= time_shape(opt, m, n, summary);
   }
   if (opt.ncu) return status;
-  // Summary: per shape, the ceilings, RMSNorm, LayerNorm old, planned, and the
+  // Summary: per shape, the ceilings, RMSNorm, LayerNorm planned, and the
   // fastest new candidate, with LayerNorm / RMSNorm.
   std::printf("\nsummary (us per call; ratio = LayerNorm / our RMSNorm)\n");
-  std::printf("%-12s %8s %8s %8s %8s %6s %8s %6s %8s %6s | %8s %8s %8s %6s %8s %6s\n", "shape",
-              "ceil", "rms bwd", "ln old", "planned", "ratio", "best", "ratio", "old", "ratio",
-              "ceil", "rms fwd", "planned", "ratio", "old", "ratio");
+  std::printf("%-12s %8s %8s %8s %6s %8s %6s | %8s %8s %8s %6s\n", "shape", "ceil", "rms bwd",
+              "planned", "ratio", "best", "ratio", "ceil", "rms fwd", "planned", "ratio");
   for (auto [m, n] : shapes) {
     if (opt.only_n && (m != opt.only_m || n != opt.only_n)) continue;
     char shape[32];
@@ -876,14 +830,11 @@ int main(int argc, char** argv) {
       return best;
     };
     const double cb = find("ceil x+g", false), rb = find("rms bwd", false),
-                 ob = find("ln bwd old", true), pb = find("ln bwd planned", true),
-                 nb = find("ln bwd new", true), cf = find("ceil copy x", false),
-                 rf = find("rms fwd", false), pf = find("ln fwd planned", false),
-                 of = find("ln fwd old", true);
-    std::printf("%-12s %8.1f %8.1f %8.1f %8.1f %6.2f %8.1f %6.2f %8.1f %6.2f | %8.1f %8.1f %8.1f "
-                "%6.2f %8.1f %6.2f\n",
-                shape, cb, rb, ob, pb, pb / rb, nb, nb / rb, ob, ob / rb, cf, rf, pf, pf / rf, of,
-                of / rf);
+                 pb = find("ln bwd planned", true), nb = find("ln bwd new", true),
+                 cf = find("ceil copy x", false), rf = find("rms fwd", false),
+                 pf = find("ln fwd planned", false);
+    std::printf("%-12s %8.1f %8.1f %8.1f %6.2f %8.1f %6.2f | %8.1f %8.1f %8.1f %6.2f\n", shape,
+                cb, rb, pb, pb / rb, nb, nb / rb, cf, rf, pf, pf / rf);
   }
   return status;
 }

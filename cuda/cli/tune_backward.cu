@@ -26,50 +26,78 @@
 namespace {
 
 using rmsnorm::plans::RowPlan;
+using rmsnorm::plans::upto;
 using X = __nv_bfloat16;
 
-// Candidates: {max_nvec, block, group, chunks, stages, bulk, cluster}. The
+// Candidates, by field name (plans.h upto; cluster: blocks a row). The
 // first entry for a row length is the reference the others are checked
 // against.
 constexpr RowPlan kCandidates[] = {
     // N = 896 (112 vectors): the hidden size of small models (and 1024's
     // bulk reference below, which also covers it)
-    {128, 128, 128, 1, 2, false}, {112, 64, 64, 2, 2, false},
-    {112, 64, 64, 2, 2, true},
+    upto(128).block(128).group(128).chunks(1).stages(2),
+    upto(112).block(64).group(64).chunks(2).stages(2),
+    upto(112).block(64).group(64).chunks(2).stages(2).bulk(),
     // N = 2560 (320)
-    {320, 160, 160, 2, 2, false}, {320, 320, 320, 1, 2, false}, {320, 64, 64, 5, 2, false},
-    {320, 160, 160, 2, 2, true},  {320, 128, 128, 3, 2, false},
+    upto(320).block(160).group(160).chunks(2).stages(2),
+    upto(320).block(320).group(320).chunks(1).stages(2),
+    upto(320).block(64).group(64).chunks(5).stages(2),
+    upto(320).block(160).group(160).chunks(2).stages(2).bulk(),
+    upto(320).block(128).group(128).chunks(3).stages(2),
     // N = 5120 (640)
-    {640, 128, 128, 5, 2, false}, {640, 160, 160, 4, 2, false}, {640, 320, 320, 2, 2, false},
-    {640, 128, 128, 5, 2, true},  {640, 320, 320, 2, 2, true},
+    upto(640).block(128).group(128).chunks(5).stages(2),
+    upto(640).block(160).group(160).chunks(4).stages(2),
+    upto(640).block(320).group(320).chunks(2).stages(2),
+    upto(640).block(128).group(128).chunks(5).stages(2).bulk(),
+    upto(640).block(320).group(320).chunks(2).stages(2).bulk(),
     // N = 3584 (448)
-    {448, 224, 224, 2, 2, false}, {448, 128, 128, 4, 2, false}, {448, 224, 224, 2, 2, true},
+    upto(448).block(224).group(224).chunks(2).stages(2),
+    upto(448).block(128).group(128).chunks(4).stages(2),
+    upto(448).block(224).group(224).chunks(2).stages(2).bulk(),
     // N = 4096 (512), more
-    {512, 128, 128, 4, 2, false}, {512, 128, 128, 4, 3, false}, {512, 256, 256, 2, 3, false},
+    upto(512).block(128).group(128).chunks(4).stages(2),
+    upto(512).block(128).group(128).chunks(4).stages(3),
+    upto(512).block(256).group(256).chunks(2).stages(3),
     // N = 128 (16 vectors)
-    {16, 256, 16, 1, 2, false}, {16, 256, 16, 1, 2, true}, {16, 128, 16, 1, 2, true},
+    upto(16).block(256).group(16).chunks(1).stages(2),
+    upto(16).block(256).group(16).chunks(1).stages(2).bulk(),
+    upto(16).block(128).group(16).chunks(1).stages(2).bulk(),
     // N = 1024 (128)
-    {128, 256, 32, 4, 2, false}, {128, 256, 32, 4, 2, true}, {128, 128, 128, 1, 2, true},
+    upto(128).block(256).group(32).chunks(4).stages(2),
+    upto(128).block(256).group(32).chunks(4).stages(2).bulk(),
+    upto(128).block(128).group(128).chunks(1).stages(2).bulk(),
     // N = 2048 (256)
-    {256, 256, 256, 1, 2, false}, {256, 256, 256, 1, 2, true},
-    {256, 128, 128, 2, 2, true},  {256, 128, 128, 2, 2, false},
+    upto(256).block(256).group(256).chunks(1).stages(2),
+    upto(256).block(256).group(256).chunks(1).stages(2).bulk(),
+    upto(256).block(128).group(128).chunks(2).stages(2).bulk(),
+    upto(256).block(128).group(128).chunks(2).stages(2),
     // N = 2880 (360) and 4096 (512)
-    {512, 256, 256, 2, 2, false}, {512, 256, 256, 2, 2, true},
-    {512, 128, 128, 4, 2, true},  {512, 512, 512, 1, 2, true},
-    {384, 192, 192, 2, 2, false}, {384, 192, 192, 2, 2, true},
-    {384, 384, 384, 1, 2, true},  {384, 384, 384, 1, 2, false},
+    upto(512).block(256).group(256).chunks(2).stages(2),
+    upto(512).block(256).group(256).chunks(2).stages(2).bulk(),
+    upto(512).block(128).group(128).chunks(4).stages(2).bulk(),
+    upto(512).block(512).group(512).chunks(1).stages(2).bulk(),
+    upto(384).block(192).group(192).chunks(2).stages(2),
+    upto(384).block(192).group(192).chunks(2).stages(2).bulk(),
+    upto(384).block(384).group(384).chunks(1).stages(2).bulk(),
+    upto(384).block(384).group(384).chunks(1).stages(2),
     // N = 8192 (1024)
-    {1024, 256, 256, 4, 2, false}, {1024, 256, 256, 4, 2, true},
-    {1024, 512, 512, 2, 2, true},
+    upto(1024).block(256).group(256).chunks(4).stages(2),
+    upto(1024).block(256).group(256).chunks(4).stages(2).bulk(),
+    upto(1024).block(512).group(512).chunks(2).stages(2).bulk(),
     // N = 16384 (2048)
-    {2048, 512, 512, 4, 2, false}, {2048, 512, 512, 4, 2, true},
-    {2048, 1024, 1024, 2, 2, true},
+    upto(2048).block(512).group(512).chunks(4).stages(2),
+    upto(2048).block(512).group(512).chunks(4).stages(2).bulk(),
+    upto(2048).block(1024).group(1024).chunks(2).stages(2).bulk(),
     // N = 32768 (4096): a row over a cluster of 2 or 4 blocks
-    {4096, 512, 512, 4, 2, true, 2}, {4096, 512, 512, 4, 2, false, 2},
-    {4096, 512, 512, 2, 2, true, 4}, {4096, 256, 256, 4, 2, true, 4},
+    upto(4096).block(512).group(512).chunks(4).stages(2).bulk().cluster(2),
+    upto(4096).block(512).group(512).chunks(4).stages(2).cluster(2),
+    upto(4096).block(512).group(512).chunks(2).stages(2).bulk().cluster(4),
+    upto(4096).block(256).group(256).chunks(4).stages(2).bulk().cluster(4),
     // N = 65536 (8192)
-    {8192, 512, 512, 4, 2, true, 4}, {8192, 512, 512, 4, 2, false, 4},
-    {8192, 512, 512, 2, 2, true, 8}, {8192, 512, 512, 2, 2, false, 8},
+    upto(8192).block(512).group(512).chunks(4).stages(2).bulk().cluster(4),
+    upto(8192).block(512).group(512).chunks(4).stages(2).cluster(4),
+    upto(8192).block(512).group(512).chunks(2).stages(2).bulk().cluster(8),
+    upto(8192).block(512).group(512).chunks(2).stages(2).cluster(8),
 };
 constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
 

@@ -26,31 +26,43 @@
 namespace {
 
 using rmsnorm::plans::RowPlan;
+using rmsnorm::plans::upto;
 using X = __nv_bfloat16;
 constexpr int kLaunches = 200;
 
-// {max_nvec, block, group, chunks, stages, -, -, w first}: a block per row
-// (group == block) or a warp per row (group 32); chunks vectors a thread.
+// Rows by field name (plans.h upto): a block per row (group == block) or a
+// warp per row (group 32), chunks vectors a thread; persistent(W): w first.
 constexpr bool W = true, L = false;  // w loaded beside x, or after the reduction
 constexpr RowPlan kCandidates[] = {
     // N = 1024 (128 vectors)
-    {128, 64, 64, 2, 1, false, 1, W}, {128, 64, 64, 2, 1, false, 1, L},
-    {128, 128, 128, 1, 1, false, 1, W}, {128, 32, 32, 4, 1, false, 1, W},
+    upto(128).block(64).group(64).chunks(2).persistent(W),
+    upto(128).block(64).group(64).chunks(2).persistent(L),
+    upto(128).block(128).group(128).chunks(1).persistent(W),
+    upto(128).block(32).group(32).chunks(4).persistent(W),
     // N = 2048 (256)
-    {256, 128, 128, 2, 1, false, 1, W}, {256, 128, 128, 2, 1, false, 1, L},
-    {256, 256, 256, 1, 1, false, 1, W}, {256, 64, 64, 4, 1, false, 1, W},
+    upto(256).block(128).group(128).chunks(2).persistent(W),
+    upto(256).block(128).group(128).chunks(2).persistent(L),
+    upto(256).block(256).group(256).chunks(1).persistent(W),
+    upto(256).block(64).group(64).chunks(4).persistent(W),
     // N = 2560 (320)
-    {320, 160, 160, 2, 1, false, 1, W}, {320, 160, 160, 2, 1, false, 1, L},
-    {320, 320, 320, 1, 1, false, 1, W},
+    upto(320).block(160).group(160).chunks(2).persistent(W),
+    upto(320).block(160).group(160).chunks(2).persistent(L),
+    upto(320).block(320).group(320).chunks(1).persistent(W),
     // N = 4096 (512)
-    {512, 128, 128, 4, 1, false, 1, W}, {512, 128, 128, 4, 1, false, 1, L},
-    {512, 256, 256, 2, 1, false, 1, W}, {512, 512, 512, 1, 1, false, 1, W},
+    upto(512).block(128).group(128).chunks(4).persistent(W),
+    upto(512).block(128).group(128).chunks(4).persistent(L),
+    upto(512).block(256).group(256).chunks(2).persistent(W),
+    upto(512).block(512).group(512).chunks(1).persistent(W),
     // N = 5120 (640)
-    {640, 160, 160, 4, 1, false, 1, W}, {640, 160, 160, 4, 1, false, 1, L},
-    {640, 320, 320, 2, 1, false, 1, W}, {640, 640, 640, 1, 1, false, 1, W},
+    upto(640).block(160).group(160).chunks(4).persistent(W),
+    upto(640).block(160).group(160).chunks(4).persistent(L),
+    upto(640).block(320).group(320).chunks(2).persistent(W),
+    upto(640).block(640).group(640).chunks(1).persistent(W),
     // N = 8192 (1024)
-    {1024, 256, 256, 4, 1, false, 1, W}, {1024, 256, 256, 4, 1, false, 1, L},
-    {1024, 512, 512, 2, 1, false, 1, W}, {1024, 1024, 1024, 1, 1, false, 1, W},
+    upto(1024).block(256).group(256).chunks(4).persistent(W),
+    upto(1024).block(256).group(256).chunks(4).persistent(L),
+    upto(1024).block(512).group(512).chunks(2).persistent(W),
+    upto(1024).block(1024).group(1024).chunks(1).persistent(W),
 };
 constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
 

@@ -21,52 +21,74 @@
 namespace {
 
 using rmsnorm::plans::RowPlan;
+using rmsnorm::plans::upto;
 using X = __nv_bfloat16;
 
-// Candidates: {max_nvec, block, group, chunks, stages, -, -, persistent}.
-// stages 2 keeps the next rows loading while a step reduces (persistent
-// only); persistent false launches a block per step of rows, w read late.
+// Candidates, by field name (plans.h upto). stages 2 keeps the next rows
+// loading while a step reduces (persistent only); persistent false launches a
+// block per step of rows, w read late.
 constexpr bool P = true, B = false;  // persistent grid, or a block per step
 constexpr RowPlan kCandidates[] = {
     // N = 128 (16 vectors)
-    {16, 256, 16, 1, 1, false, 1, P}, {16, 256, 16, 1, 2, false, 1, P},
-    {16, 128, 16, 1, 1, false, 1, B}, {16, 256, 16, 1, 1, false, 1, B},
+    upto(16).block(256).group(16).chunks(1).persistent(P),
+    upto(16).block(256).group(16).chunks(1).stages(2).persistent(P),
+    upto(16).block(128).group(16).chunks(1).persistent(B),
+    upto(16).block(256).group(16).chunks(1).persistent(B),
     // N = 256 (32) and 512 (64)
-    {32, 256, 32, 1, 1, false, 1, P}, {32, 128, 32, 1, 1, false, 1, B},
-    {32, 64, 32, 1, 1, false, 1, B},
-    {64, 256, 32, 2, 1, false, 1, P}, {64, 128, 32, 2, 1, false, 1, B},
-    {64, 64, 64, 1, 1, false, 1, B},
+    upto(32).block(256).group(32).chunks(1).persistent(P),
+    upto(32).block(128).group(32).chunks(1).persistent(B),
+    upto(32).block(64).group(32).chunks(1).persistent(B),
+    upto(64).block(256).group(32).chunks(2).persistent(P),
+    upto(64).block(128).group(32).chunks(2).persistent(B),
+    upto(64).block(64).group(64).chunks(1).persistent(B),
     // N = 1024 (128)
-    {128, 256, 32, 4, 1, false, 1, P}, {128, 128, 128, 1, 2, false, 1, P},
-    {128, 128, 128, 1, 1, false, 1, B}, {128, 64, 64, 2, 1, false, 1, B},
-    {128, 128, 32, 4, 1, false, 1, B},
+    upto(128).block(256).group(32).chunks(4).persistent(P),
+    upto(128).block(128).group(128).chunks(1).stages(2).persistent(P),
+    upto(128).block(128).group(128).chunks(1).persistent(B),
+    upto(128).block(64).group(64).chunks(2).persistent(B),
+    upto(128).block(128).group(32).chunks(4).persistent(B),
     // N = 2048 (256)
-    {256, 256, 256, 1, 1, false, 1, P}, {256, 128, 128, 2, 2, false, 1, P},
-    {256, 128, 128, 2, 1, false, 1, B}, {256, 64, 64, 4, 1, false, 1, B},
-    {256, 256, 256, 1, 1, false, 1, B},
+    upto(256).block(256).group(256).chunks(1).persistent(P),
+    upto(256).block(128).group(128).chunks(2).stages(2).persistent(P),
+    upto(256).block(128).group(128).chunks(2).persistent(B),
+    upto(256).block(64).group(64).chunks(4).persistent(B),
+    upto(256).block(256).group(256).chunks(1).persistent(B),
     // N = 2880 (360) and 4096 (512)
-    {512, 256, 256, 2, 1, false, 1, P}, {512, 128, 128, 4, 2, false, 1, P},
-    {512, 128, 128, 4, 1, false, 1, B}, {512, 256, 256, 2, 1, false, 1, B},
-    {384, 128, 128, 3, 1, false, 1, B}, {384, 128, 128, 3, 2, false, 1, P},
+    upto(512).block(256).group(256).chunks(2).persistent(P),
+    upto(512).block(128).group(128).chunks(4).stages(2).persistent(P),
+    upto(512).block(128).group(128).chunks(4).persistent(B),
+    upto(512).block(256).group(256).chunks(2).persistent(B),
+    upto(384).block(128).group(128).chunks(3).persistent(B),
+    upto(384).block(128).group(128).chunks(3).stages(2).persistent(P),
     // N = 2560 (320), 3584 (448), 5120 (640): hidden sizes not a power of two
-    {320, 64, 64, 5, 1, false, 1, B},  {320, 160, 160, 2, 1, false, 1, B},
-    {320, 320, 320, 1, 1, false, 1, B},
-    {448, 64, 64, 7, 1, false, 1, B},  {448, 224, 224, 2, 1, false, 1, B},
-    {448, 128, 128, 4, 1, false, 1, B},
-    {640, 128, 128, 5, 1, false, 1, B}, {640, 160, 160, 4, 1, false, 1, B},
-    {640, 320, 320, 2, 1, false, 1, B}, {640, 640, 640, 1, 1, false, 1, B},
-    {640, 64, 64, 10, 1, false, 1, B},  {640, 256, 256, 4, 1, false, 1, B},
-    {640, 160, 160, 4, 1, false, 1, P},
+    upto(320).block(64).group(64).chunks(5).persistent(B),
+    upto(320).block(160).group(160).chunks(2).persistent(B),
+    upto(320).block(320).group(320).chunks(1).persistent(B),
+    upto(448).block(64).group(64).chunks(7).persistent(B),
+    upto(448).block(224).group(224).chunks(2).persistent(B),
+    upto(448).block(128).group(128).chunks(4).persistent(B),
+    upto(640).block(128).group(128).chunks(5).persistent(B),
+    upto(640).block(160).group(160).chunks(4).persistent(B),
+    upto(640).block(320).group(320).chunks(2).persistent(B),
+    upto(640).block(640).group(640).chunks(1).persistent(B),
+    upto(640).block(64).group(64).chunks(10).persistent(B),
+    upto(640).block(256).group(256).chunks(4).persistent(B),
+    upto(640).block(160).group(160).chunks(4).persistent(P),
     // N = 8192 (1024)
-    {1024, 256, 256, 4, 1, false, 1, P}, {1024, 512, 512, 2, 2, false, 1, P},
-    {1024, 128, 128, 8, 1, false, 1, B}, {1024, 256, 256, 4, 1, false, 1, B},
-    {1024, 512, 512, 2, 1, false, 1, B},
+    upto(1024).block(256).group(256).chunks(4).persistent(P),
+    upto(1024).block(512).group(512).chunks(2).stages(2).persistent(P),
+    upto(1024).block(128).group(128).chunks(8).persistent(B),
+    upto(1024).block(256).group(256).chunks(4).persistent(B),
+    upto(1024).block(512).group(512).chunks(2).persistent(B),
     // N = 16384 (2048)
-    {2048, 512, 512, 4, 1, false, 1, P}, {2048, 512, 512, 4, 2, false, 1, P},
-    {2048, 256, 256, 8, 1, false, 1, B}, {2048, 512, 512, 4, 1, false, 1, B},
-    {2048, 1024, 1024, 2, 1, false, 1, B},
+    upto(2048).block(512).group(512).chunks(4).persistent(P),
+    upto(2048).block(512).group(512).chunks(4).stages(2).persistent(P),
+    upto(2048).block(256).group(256).chunks(8).persistent(B),
+    upto(2048).block(512).group(512).chunks(4).persistent(B),
+    upto(2048).block(1024).group(1024).chunks(2).persistent(B),
     // N = 32768 (4096)
-    {4096, 1024, 1024, 4, 1, false, 1, B}, {4096, 512, 512, 8, 1, false, 1, B},
+    upto(4096).block(1024).group(1024).chunks(4).persistent(B),
+    upto(4096).block(512).group(512).chunks(8).persistent(B),
 };
 constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
 
