@@ -1,5 +1,5 @@
 // Launch interface of the RMSNorm kernels: plain C++ and the CUDA runtime,
-// no MLX. The MLX glue (mlx_rmsnorm/csrc/eval_gpu.cpp) and the standalone CLI
+// no MLX. The MLX glue (mlx_rmsnorm/csrc/gpu_util.cpp, {rms,layer}_norm_gpu.cpp) and the standalone CLI
 // (cuda/cli/rmsnorm_backward.cu) both drive the kernels through this header.
 //
 // A call is planned in two steps:
