@@ -147,8 +147,9 @@ run_tune() {
 
 # Modules that run on the default device (the GPU there) instead of through
 # the `device` fixture carry no gpu marker: the tests step runs them too.
-DEFAULT_DEVICE_TESTS="test_fuse.py test_fuse_safety.py test_patch.py test_mlx_lm.py test_export.py
-  test_architectures.py test_suite_safety.py"
+DEFAULT_DEVICE_TESTS="test_fuse.py test_fuse_safety.py test_fuse_contract.py test_patch.py test_wrappers.py
+  test_report.py test_routing.py test_main_job.py test_mlx_lm.py test_export.py test_architectures.py
+  test_suite_safety.py"
 #:: Tests
 #: GPU-marked tests, not bigmem (xdist by group), then the modules that run on the default device (fuse, patch); TESTS=paths: those paths' GPU tests only
 run_tests() {
