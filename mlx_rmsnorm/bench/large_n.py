@@ -26,7 +26,7 @@ import time
 import mlx.core as mx
 
 from .. import add_layer_norm_vjp, add_rms_norm, add_rms_norm_vjp, add_layer_norm, layer_norm, rms_norm
-from .core import EPS, L2_BYTES, MAX_SETS, Progress, device_name, stats, time_interleaved, trim
+from .core import EPS, L2_BYTES, MAX_SETS, Progress, device_name, inputs, stats, time_interleaved, trim
 from .output import spread, write_outputs
 
 # The shapes of the large-N table (x is 268 MB in bf16 at every one but
@@ -83,18 +83,6 @@ def contenders(w):
         ("add_layer_norm", "fwd", lambda x, g: add_layer_norm(x, g, w, b, EPS)),
         ("add_layer_norm", "bwd", lambda x, g: add_layer_norm_vjp(x, w, b, g, x, EPS)),
     ]
-
-
-def inputs(shape, dtype, n_sets):
-    key = mx.random.key(shape[0] * 7919 + shape[-1])
-    sets = []
-    for _ in range(n_sets):
-        kx, kg, key = mx.random.split(key, 3)
-        sets.append((mx.random.normal(shape, key=kx).astype(dtype),
-                     mx.random.normal(shape, key=kg).astype(dtype)))
-    w = (1 + 0.1 * mx.random.normal((shape[-1],), key=key)).astype(dtype)
-    mx.eval(sets, w)
-    return sets, w
 
 
 def run_case(shape, dtype, calls, repeats, singles, device):
