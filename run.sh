@@ -87,7 +87,10 @@ echo "[run.sh] set-up done in $((SECONDS - t0)) s"
 case "${1:-main}" in
   test)
     shift || true
-    exec "$PY" -m pytest -q tests "$@" ;;
+    # the whole suite, or only the test paths given (pytest's options pass through)
+    paths=(tests)
+    for a in "$@"; do [[ $a != -* && -e $a ]] && { paths=(); break; }; done
+    exec "$PY" -m pytest -q "${paths[@]}" "$@" ;;
   bench)
     shift
     exec "$PY" -m mlx_rmsnorm.bench "$@" ;;

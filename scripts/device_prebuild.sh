@@ -48,7 +48,18 @@ mkdir -p "$WORK/src"
 if [ -f "$WORK/files" ]; then
   comm -23 "$WORK/files" "$WORK/files.new" | (cd "$WORK/src" && xargs -r rm -f)
 fi
-(cd "$ROOT" && tar -cf - -T "$WORK/files.new") | tar -xf - -C "$WORK/src"  # mtimes kept: ninja rebuilds what changed
+# A file is copied only where its contents changed, and then gets the time
+# of the copy: ninja rebuilds exactly what changed, also an edit made while
+# an earlier prebuild was compiling (with the tree's own mtimes such an edit
+# was older than its object file, and skipped).
+rm -rf "$WORK/stage" && mkdir -p "$WORK/stage"
+(cd "$ROOT" && tar -cf - -T "$WORK/files.new") | tar -xf - -C "$WORK/stage"
+while IFS= read -r f; do
+  if ! cmp -s "$WORK/stage/$f" "$WORK/src/$f"; then
+    mkdir -p "$WORK/src/$(dirname "$f")" && cp "$WORK/stage/$f" "$WORK/src/$f"
+  fi
+done <"$WORK/files.new"
+rm -rf "$WORK/stage"
 mv "$WORK/files.new" "$WORK/files"
 
 cd "$WORK/src"
