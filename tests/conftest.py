@@ -2,6 +2,7 @@
 
 import os
 import tempfile
+import threading
 
 import mlx.core as mx
 import numpy as np
@@ -240,3 +241,33 @@ def graph_text(out: mx.array) -> str:
         mx.export_to_dot(path, out)
         with open(path) as f:
             return f.read()
+
+
+def overlapping_patched_blocks(inside_b):
+    """Thread A enters mlx_rmsnorm.patched(), B enters, A exits; B, still in
+    its block, calls inside_b() and leaves. Returns what inside_b returned,
+    after asserting that B got through its block."""
+    a_in, b_in, a_out, b_done = (threading.Event() for _ in range(4))
+    seen = {}
+
+    def a():
+        with mlx_rmsnorm.patched():
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def b():
+        a_in.wait(10)
+        with mlx_rmsnorm.patched():
+            b_in.set()
+            a_out.wait(10)
+            seen["result"] = inside_b()
+        b_done.set()
+
+    threads = [threading.Thread(target=f) for f in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert b_done.is_set()
+    return seen["result"]

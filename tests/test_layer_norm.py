@@ -24,7 +24,7 @@ import pytest
 from conftest import (DEVICES, DTYPES, GPU_AVAILABLE, TOL, graph_text, of_dtype, random, rel_err, to_numpy,
                       unbroadcast)
 from conftest import LN_COMBO_IDS as COMBO_IDS, LN_COMBOS as COMBOS
-from norm_contract import BROADCASTS, BUILTIN_LAYER_NORM, DTYPES as CONTRACT_DTYPES, EMPTY_SHAPES, SHAPES, run_contract
+from norm_contract import BROADCASTS, DTYPES as CONTRACT_DTYPES, EMPTY_SHAPES, SHAPES, run_contract
 from norm_refs import add_h, add_layer_backward, layer_backward, layer_forward
 
 import mlx_rmsnorm
@@ -978,56 +978,3 @@ def test_add_broadcast_h_is_the_full_shape():
     y, h = _ext.add_layer_norm(r, x, None, None, EPS)
     assert h.shape == y.shape == (3, 8)
     np.testing.assert_array_equal(np.array(h), np.array(x + r))
-
-
-# --- patch()'s routed function: what it puts in mx.fast.layer_norm's place on a CPU
-# stream ------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def route_cpu():
-    was = _ext._set_route_cpu(True)
-    yield
-    _ext._set_route_cpu(was)
-
-
-@pytest.fixture
-def builtin_on_cpu():
-    # the default, which the suite's MLX_RMSNORM_ROUTE_CPU=1 (conftest) turns off
-    was = _ext._set_route_cpu(False)
-    yield
-    _ext._set_route_cpu(was)
-
-
-def test_routed_signature_is_mx_fast():
-    head, doc = _ext.routed_layer_norm.__doc__.split("\n", 1)
-    their_head, their_doc = BUILTIN_LAYER_NORM.__doc__.split("\n", 1)
-    assert doc == their_doc
-    assert head.split("(", 1)[1] == their_head.split("(", 1)[1]
-
-
-def test_routed_cpu_is_the_builtin_bit_for_bit(builtin_on_cpu):
-    # N = 4099 float32: MLX's own test_fast.py case
-    mx.random.seed(3)
-    x = mx.random.normal((8, 4099))
-    w = mx.random.normal((4099,))
-    b = mx.random.normal((4099,))
-    for s in ({}, {"stream": mx.cpu}, {"stream": mx.default_stream(mx.cpu)}):
-        assert mx.array_equal(_ext.routed_layer_norm(x, w, b, EPS, **s), BUILTIN_LAYER_NORM(x, w, b, EPS))
-
-
-def test_routed_cpu_flag_runs_the_plugin(route_cpu):
-    mx.random.seed(4)
-    x = mx.random.normal((8, 4099))
-    w = mx.random.normal((4099,))
-    b = mx.random.normal((4099,))
-    assert _ext._set_route_cpu(True) is True
-    assert mx.array_equal(_ext.routed_layer_norm(x, w, b, EPS), _ext.layer_norm(x, w, b, EPS))
-    assert _ext._set_route_cpu(False) is True
-    assert mx.array_equal(_ext.routed_layer_norm(x, w, b, EPS), BUILTIN_LAYER_NORM(x, w, b, EPS))
-
-
-def test_routed_arguments_are_mx_fast_arguments(builtin_on_cpu):
-    x = mx.ones((2, 8))
-    y = _ext.routed_layer_norm(x=x, weight=None, bias=None, eps=EPS, stream=mx.cpu)
-    assert mx.array_equal(y, BUILTIN_LAYER_NORM(x, None, None, EPS))

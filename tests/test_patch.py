@@ -6,7 +6,7 @@ import threading
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import graph_text
+from conftest import graph_text, overlapping_patched_blocks
 from mlx.utils import tree_flatten
 
 import mlx_rmsnorm
@@ -94,32 +94,10 @@ def test_patched_restores_the_state_it_found_whatever_the_body_does():
 def test_overlapping_blocks_in_threads():
     """A enters, B enters, A exits: B's block still runs the plugin; the last
     to exit restores the state from before the first entered."""
-    a_in, b_in, a_out, b_checked = (threading.Event() for _ in range(4))
-    seen = {}
     x = mx.ones((2, 8))
-
-    def a():
-        with mlx_rmsnorm.patched():
-            a_in.set()
-            b_in.wait(10)
-        a_out.set()
-
-    def b():
-        a_in.wait(10)
-        with mlx_rmsnorm.patched():
-            b_in.set()
-            a_out.wait(10)
-            seen["patched"] = mlx_rmsnorm.is_patched()
-            seen["graph"] = graph_text(nn.RMSNorm(8)(x))
-        b_checked.set()
-
-    threads = [threading.Thread(target=a), threading.Thread(target=b)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
-    assert b_checked.is_set()
-    assert seen["patched"] and "RMSNormPlugin" in seen["graph"]
+    patched, graph = overlapping_patched_blocks(
+        lambda: (mlx_rmsnorm.is_patched(), graph_text(nn.RMSNorm(8)(x))))
+    assert patched and "RMSNormPlugin" in graph
     assert not mlx_rmsnorm.is_patched() and mx.fast.rms_norm is BUILTIN
 
 

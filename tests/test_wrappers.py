@@ -4,13 +4,12 @@ hook): "the state before" is what was there, whoever installed it
 installed before it and unpatch() / the last patched() block put it back;
 one installed over the plugin while it is on stays."""
 
-import threading
 import warnings
 
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from conftest import graph_text
+from conftest import graph_text, overlapping_patched_blocks
 
 import mlx_rmsnorm
 from mlx_rmsnorm import _patching
@@ -72,28 +71,7 @@ def test_nested_blocks_and_body_switches_restore_the_wrapper(doubled):
 
 
 def test_threads_keep_the_wrapper(doubled):
-    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
-    seen = {}
-
-    def a():
-        with mlx_rmsnorm.patched():
-            a_in.set()
-            b_in.wait(10)
-        a_out.set()
-
-    def b():
-        a_in.wait(10)
-        with mlx_rmsnorm.patched():
-            b_in.set()
-            a_out.wait(10)
-            seen["patched"] = mlx_rmsnorm.is_patched()
-
-    threads = [threading.Thread(target=f) for f in (a, b)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
-    assert seen["patched"]
+    assert overlapping_patched_blocks(mlx_rmsnorm.is_patched)
     assert mx.fast.rms_norm is doubled["rms_norm"] and mx.fast.layer_norm is doubled["layer_norm"]
 
 
