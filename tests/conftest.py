@@ -1,8 +1,10 @@
 """Shared fixtures: the devices to test on and a float64 NumPy reference."""
 
+import importlib.util
 import os
 import tempfile
 import threading
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -271,3 +273,28 @@ def overlapping_patched_blocks(inside_b):
         t.join(20)
     assert b_done.is_set()
     return seen["result"]
+
+
+def build_backend():
+    """build_backend/mlx_rmsnorm_build.py, loaded afresh as a module."""
+    spec = importlib.util.spec_from_file_location(
+        "mlx_rmsnorm_build_under_test", Path(__file__).resolve().parent.parent / "build_backend" / "mlx_rmsnorm_build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def train_steps(model, loss_fn, x, y, steps):
+    """`steps` AdamW steps (learning rate 1e-3) of model on (x, y); the losses."""
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    opt = optim.AdamW(learning_rate=1e-3)
+    step = nn.value_and_grad(model, loss_fn)
+    losses = []
+    for _ in range(steps):
+        loss, grads = step(model, x, y)
+        opt.update(model, grads)
+        mx.eval(loss, model.parameters(), opt.state)
+        losses.append(loss.item())
+    return losses

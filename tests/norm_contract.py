@@ -375,6 +375,9 @@ EMPTY_SHAPES = [(0, 8), (3, 0), (0,), (2, 0, 8), (0, 0)]
 # Arrays with values: the same transforms, so that the comparisons above are
 # seen to compare something.
 SHAPES = [(3, 8), (2, 3, 8), (8,)]
+# both, as one parameter list: the empty ones named empty-<shape>
+CONTRACT_SHAPES = ([pytest.param(s, id=f"empty-{s}") for s in EMPTY_SHAPES]
+                   + [pytest.param(s, id=str(s)) for s in SHAPES])
 # (x's dtype and that of every row input, the weight's and bias's). float64
 # on the CPU stream (MLX's GPU has none: there the built-in refuses it, and so
 # the cases drop out).

@@ -9,10 +9,9 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 import numpy as np
 import pytest
-from conftest import graph_text
+from conftest import graph_text, train_steps
 from mlx.utils import tree_flatten
 
 import mlx_rmsnorm
@@ -25,15 +24,8 @@ from lab.tiny import (CONFIGS, LAYER_NORM, PARALLEL, VOCAB, fused_node, loss_and
 
 def train(name, steps=4):
     model = make(name)
-    opt = optim.AdamW(learning_rate=1e-3)
     x, y = tokens()
-    step = nn.value_and_grad(model, loss_fn)
-    losses = []
-    for _ in range(steps):
-        loss, grads = step(model, x, y)
-        opt.update(model, grads)
-        mx.eval(loss, model.parameters(), opt.state)
-        losses.append(loss.item())
+    losses = train_steps(model, loss_fn, x, y, steps)
     # an unevaluated gradient graph, to look into
     _, grads = nn.value_and_grad(model, loss_fn)(model, x, y)
     return losses, grads

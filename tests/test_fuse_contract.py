@@ -156,6 +156,19 @@ def _generate(model, prompt, steps=8):
     return mx.stack(out)
 
 
+
+def _generated_patched_and_fused(model, prompt):
+    """(want, got): _generate(model, prompt) under patch() and under
+    patch(fuse=True), each evaluated inside its block."""
+    with mlx_rmsnorm.patched():
+        want = _generate(model, prompt)
+        mx.eval(want)
+    with mlx_rmsnorm.patched(fuse=True):
+        got = _generate(model, prompt)
+        mx.eval(got)
+    return want, got
+
+
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
 @pytest.mark.parametrize("name", GEMMA)
 def test_gemma_decode_is_patch_bit_for_bit(name, dtype):
@@ -165,12 +178,7 @@ def test_gemma_decode_is_patch_bit_for_bit(name, dtype):
     _fuse.set_min_rows(_fuse.DEFAULT_MIN_ROWS)
     model = make(name, dtype)
     prompt = tokens()[0][:1]
-    with mlx_rmsnorm.patched():
-        want = _generate(model, prompt)
-        mx.eval(want)
-    with mlx_rmsnorm.patched(fuse=True):
-        got = _generate(model, prompt)
-        mx.eval(got)
+    want, got = _generated_patched_and_fused(model, prompt)
     assert mx.array_equal(got, want)
     assert set(_fuse.counts()) == {"fallback:few rows (decode)"}
 
@@ -182,12 +190,7 @@ def test_gemma_fused_prefill_then_decode_is_patch(name):
     _fuse.set_min_rows(16)
     model = make(name, mx.bfloat16)
     prompt = tokens()[0][:1]
-    with mlx_rmsnorm.patched():
-        want = _generate(model, prompt)
-        mx.eval(want)
-    with mlx_rmsnorm.patched(fuse=True):
-        got = _generate(model, prompt)
-        mx.eval(got)
+    want, got = _generated_patched_and_fused(model, prompt)
     assert _fuse.counts()["fused"] == len(model.layers)
     assert close(got, want)
 

@@ -13,19 +13,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import build_backend as _backend
 
 import mlx_rmsnorm
 from mlx_rmsnorm import _mlx_env, _version_check
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _backend():
-    spec = importlib.util.spec_from_file_location(
-        "mlx_rmsnorm_build_under_test", ROOT / "build_backend" / "mlx_rmsnorm_build.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _run(code, env_extra=None, cwd=None):

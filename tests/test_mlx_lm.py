@@ -4,9 +4,8 @@ and the patched graph really runs the plugin. Skipped without mlx-lm."""
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 import pytest
-from conftest import graph_text
+from conftest import graph_text, train_steps
 
 import mlx_rmsnorm
 
@@ -37,20 +36,13 @@ def train(name, steps=5):
     module, config, _ = CONFIGS[name]
     mx.random.seed(0)
     model = module.Model(module.ModelArgs(**config))
-    opt = optim.AdamW(learning_rate=1e-3)
     tokens = mx.random.randint(0, VOCAB, (4, 33), key=mx.random.key(1))
     x, y = tokens[:, :-1], tokens[:, 1:]
 
     def loss_fn(m, x, y):
         return nn.losses.cross_entropy(m(x), y).mean()
 
-    step = nn.value_and_grad(model, loss_fn)
-    losses = []
-    for _ in range(steps):
-        loss, grads = step(model, x, y)
-        opt.update(model, grads)
-        mx.eval(loss, model.parameters(), opt.state)
-        losses.append(loss.item())
+    losses = train_steps(model, loss_fn, x, y, steps)
     return losses, model, (x, y), loss_fn
 
 

@@ -13,7 +13,6 @@ extension exists for one interpreter only)."""
 
 import builtins
 import glob
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -22,20 +21,13 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import build_backend as _backend
 
 from mlx_rmsnorm import _autopatch
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIABLES = ("MLX_RMSNORM_PATCH", "MLX_RMSNORM_ROUTE_CPU", "MLX_RMSNORM_REPORT", "MLX_RMSNORM_FUSE_MIN_ROWS",
              "MLX_RMSNORM_ALLOCATOR")
-
-
-def _backend():
-    spec = importlib.util.spec_from_file_location(
-        "mlx_rmsnorm_build_under_test", ROOT / "build_backend" / "mlx_rmsnorm_build.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _installed_pth():
