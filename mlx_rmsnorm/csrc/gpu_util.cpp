@@ -140,11 +140,13 @@ ForwardCall::ForwardCall(NormPrimitive& prim, const std::vector<mx::array>& inpu
     : enc(mx::cu::get_command_encoder(prim.stream())) {
   const mx::Stream s = prim.stream();
   use_device(s);
-  const auto w_in = prim.weight(inputs), b_in = prim.bias(inputs);
+  // Members, not locals: rows_of returns a row-contiguous input itself, and
+  // run() reads w_ and b_ after this constructor has returned.
+  w_in_ = prim.weight(inputs), b_in_ = prim.bias(inputs);
   x_ = &rows_of(inputs[0], x_copy_, s, enc, aligned16);
   res_ = prim.add() ? &rows_of(inputs[1], r_copy_, s, enc, aligned16) : nullptr;
-  w_ = w_in ? &rows_of(*w_in, w_copy_, s, enc) : nullptr;
-  b_ = b_in ? &rows_of(*b_in, b_copy_, s, enc) : nullptr;
+  w_ = w_in_ ? &rows_of(*w_in_, w_copy_, s, enc) : nullptr;
+  b_ = b_in_ ? &rows_of(*b_in_, b_copy_, s, enc) : nullptr;
   y_ = &outputs[0];
   h_ = prim.add() ? &outputs[1] : nullptr;
   if (h_) {
@@ -182,9 +184,9 @@ BackwardCall::BackwardCall(NormPrimitive& prim, const std::vector<mx::array>& in
                            std::vector<mx::array>& outputs, bool aligned16)
     : enc(mx::cu::get_command_encoder(prim.stream())), s_(prim.stream()) {
   use_device(s_);
-  const auto w_in = prim.weight(inputs);
+  w_in_ = prim.weight(inputs);  // a member: see ForwardCall
   x_ = &rows_of(inputs[0], x_copy_, s_, enc, aligned16);
-  w_ = w_in ? &rows_of(*w_in, w_copy_, s_, enc) : nullptr;
+  w_ = w_in_ ? &rows_of(*w_in_, w_copy_, s_, enc) : nullptr;
   g_ = &rows_of(prim.tail(inputs, 0), g_copy_, s_, enc, aligned16);
   gh_ = prim.add() ? &rows_of(prim.tail(inputs, 1), gh_copy_, s_, enc, aligned16) : nullptr;
   gx_ = &outputs[0];

@@ -85,6 +85,9 @@ struct ForwardCall {
   rmsnorm::FwdArgs args{};
 
  private:
+  // w and b as the primitive hands them out (NormPrimitive::weight / bias
+  // return copies): held here, since w_ and b_ may point at them until run().
+  std::optional<mx::array> w_in_, b_in_;
   std::optional<mx::array> x_copy_, r_copy_, w_copy_, b_copy_;
   const mx::array* x_;
   const mx::array *res_, *w_, *b_;  // null: absent
@@ -107,6 +110,7 @@ struct BackwardCall {
 
  private:
   mx::Stream s_;
+  std::optional<mx::array> w_in_;  // as in ForwardCall: w_ may point at it
   std::optional<mx::array> x_copy_, w_copy_, g_copy_, gh_copy_;
   const mx::array* x_;
   const mx::array *w_, *g_, *gh_;  // w_, gh_ null: absent
