@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import re
 import tempfile
 import threading
 from pathlib import Path
@@ -298,3 +299,15 @@ def train_steps(model, loss_fn, x, y, steps):
         mx.eval(loss, model.parameters(), opt.state)
         losses.append(loss.item())
     return losses
+
+
+def assert_normwise_close(y, ref):
+    """max |y - ref| <= TOL of y's dtype (1e-12 for float64) times max |ref|;
+    ref a float64 NumPy array."""
+    tol = 1e-12 if y.dtype == mx.float64 else TOL[y.dtype]
+    assert np.max(np.abs(np.array(y.astype(mx.float64, stream=mx.cpu)) - ref)) <= tol * np.max(np.abs(ref))
+
+
+def lit(text):
+    """A message part to find as it is (not as a regular expression)."""
+    return re.escape(text)

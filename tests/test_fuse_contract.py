@@ -5,6 +5,7 @@ installed after patching, Gemma's 1 + w, float16 Gemma 2); the rewrite is
 installed when mlx-lm's model modules are imported; without mlx-lm a
 warning; _fuse's state set through its functions."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -51,6 +52,16 @@ def _scaling(inner, calls):
     return wrapper
 
 
+@contextlib.contextmanager
+def _scaling_on_mx_fast(fn, inner, calls):
+    """mx.fast.<fn> is _scaling(inner, calls) inside the block, inner after it."""
+    setattr(mx.fast, fn, _scaling(inner, calls))
+    try:
+        yield
+    finally:
+        setattr(mx.fast, fn, inner)
+
+
 @pytest.mark.parametrize("name", ["llama", "gemma", "gemma2", "gemma3_text", "gpt2", "stablelm"])
 def test_wrapper_on_mx_fast_after_patch_sees_every_norm_call(name):
     # The original blocks look mx.fast.rms_norm up at every call (through
@@ -62,22 +73,16 @@ def test_wrapper_on_mx_fast_after_patch_sees_every_norm_call(name):
     calls = []
     with mlx_rmsnorm.patched():
         routed = getattr(mx.fast, fn)
-        setattr(mx.fast, fn, _scaling(routed, calls))
-        try:
+        with _scaling_on_mx_fast(fn, routed, calls):
             want = model(x)
             mx.eval(want)
-        finally:
-            setattr(mx.fast, fn, routed)
     every = len(calls)
     assert every > len(model.layers)
     calls.clear()
     mlx_rmsnorm.patch(fuse=True)
-    setattr(mx.fast, fn, _scaling(routed, calls))
-    try:
+    with _scaling_on_mx_fast(fn, routed, calls):
         got = model(x)
         mx.eval(got)
-    finally:
-        setattr(mx.fast, fn, routed)
     assert len(calls) == every
     assert mx.array_equal(got, want)
     assert _fuse.counts() == {f"fallback:mx.fast.{fn} replaced": len(model.layers)}

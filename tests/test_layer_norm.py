@@ -21,6 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from conftest import assert_normwise_close, lit
 from conftest import (DEVICES, DTYPES, GPU_AVAILABLE, TOL, graph_text, of_dtype, random, rel_err, to_numpy,
                       unbroadcast)
 from conftest import LN_COMBO_IDS as COMBO_IDS, LN_COMBOS as COMBOS
@@ -481,8 +482,7 @@ def test_add_every_dtype_layer_norm_accepts(x_dtype, r_dtype, w_dtype):
     ref = d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + EPS)
     if w is not None:
         ref = ref * np.array(w.astype(mx.float64, stream=mx.cpu)) + np.array(b.astype(mx.float64, stream=mx.cpu))
-    tol = 1e-12 if y.dtype == mx.float64 else TOL[y.dtype]
-    assert np.max(np.abs(np.array(y.astype(mx.float64, stream=mx.cpu)) - ref)) <= tol * np.max(np.abs(ref))
+    assert_normwise_close(y, ref)
 
 
 # --- errors: ValueErrors that name the op and the argument; the built-in rejects
@@ -491,11 +491,6 @@ def test_add_every_dtype_layer_norm_accepts(x_dtype, r_dtype, w_dtype):
 _x = mx.ones((3, 8))
 _w = mx.ones((8,))
 _x4 = mx.ones((4, 8))
-
-
-def lit(text):
-    """A message part to find as it is (not as a regular expression)."""
-    return re.escape(text)
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from conftest import assert_normwise_close, lit
 from conftest import (DEVICES, DTYPES, GPU_AVAILABLE, ONE_ROUNDING, TOL, graph_text, of_dtype, random, rel_err,
                       to_numpy)
 from mlx.utils import tree_flatten, tree_map
@@ -1178,8 +1179,7 @@ def test_add_every_dtype_rms_norm_accepts(x_dtype, r_dtype, w_dtype):
     ref = hd / np.sqrt(np.mean(hd * hd, axis=-1, keepdims=True) + EPS)
     if w is not None:
         ref = ref * np.array(w.astype(mx.float64, stream=mx.cpu), dtype=np.float64)
-    tol = 1e-12 if y.dtype == mx.float64 else TOL[y.dtype]
-    assert np.max(np.abs(np.array(y.astype(mx.float64, stream=mx.cpu)) - ref)) <= tol * np.max(np.abs(ref))
+    assert_normwise_close(y, ref)
 
 
 # --- errors: misuse raises a clear Python exception that names the op and the
@@ -1188,11 +1188,6 @@ def test_add_every_dtype_rms_norm_accepts(x_dtype, r_dtype, w_dtype):
 _x = mx.ones((3, 8))
 _w = mx.ones((8,))
 _x4 = mx.ones((4, 8))
-
-
-def lit(text):
-    """A message part to find as it is (not as a regular expression)."""
-    return re.escape(text)
 
 
 @pytest.mark.parametrize(
