@@ -9,6 +9,7 @@ with each other and with a float64 reference by complex steps
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import DEVICES
 from norm_refs import (EPS, np_add, np_add_layer, np_add_layer_vjp, np_add_layer_vjp_inputs, np_add_vjp,
                        np_add_vjp_inputs, np_layer, np_layer_vjp, np_rms, np_rms_vjp)
 
@@ -414,3 +415,29 @@ BROADCASTS = [
     ((2, 1, 8), (3, 8)),
     ((3, 1), (3, 8)),
 ]
+
+
+def family_contract_tests(ops, add_op, broadcast_skip=lambda shapes: ()):
+    """A family's transform-contract tests, for its test module to bind by
+    name: test_under_every_transform (every op in `ops`, empty arrays (shape
+    ids empty-...) and values) and test_add_broadcasts_like_x_plus_residual
+    (add_op with a broadcast x or residual; broadcast_skip(shapes) the
+    transforms it leaves out)."""
+
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("dtypes", DTYPES, ids="-".join)
+    @pytest.mark.parametrize("shape", CONTRACT_SHAPES)
+    @pytest.mark.parametrize("op", ops)
+    def test_under_every_transform(device, op, shape, dtypes):
+        run_contract(device, op, shape, dtypes)
+
+    @pytest.mark.parametrize("device", DEVICES)
+    @pytest.mark.parametrize("dtypes", DTYPES[:2], ids="-".join)
+    @pytest.mark.parametrize("shapes", BROADCASTS, ids=str)
+    def test_add_broadcasts_like_x_plus_residual(device, shapes, dtypes):
+        # gradients of the smaller input summed over the broadcast axes, as
+        # the composition's; every transform
+        n = np.broadcast_shapes(*shapes)[-1]
+        run_contract(device, add_op, (n,), dtypes, shapes=list(shapes), skip=broadcast_skip(shapes))
+
+    return test_under_every_transform, test_add_broadcasts_like_x_plus_residual

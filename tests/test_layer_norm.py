@@ -25,7 +25,7 @@ from conftest import assert_normwise_close, lit
 from conftest import (DEVICES, DTYPES, GPU_AVAILABLE, TOL, graph_text, of_dtype, random, rel_err, to_numpy,
                       unbroadcast)
 from conftest import LN_COMBO_IDS as COMBO_IDS, LN_COMBOS as COMBOS
-from norm_contract import BROADCASTS, DTYPES as CONTRACT_DTYPES, CONTRACT_SHAPES, run_contract
+from norm_contract import family_contract_tests
 from norm_refs import add_h, add_layer_backward, layer_backward, layer_forward
 
 import mlx_rmsnorm
@@ -933,32 +933,17 @@ def test_gpu_strided_and_misaligned_inputs():
 # --- the transform contract: empty arrays and values, against float64 by complex
 # steps (norm_contract.py) -----------------------------------------------------------
 
-CONTRACT_OPS = ["layer_norm", "add_layer_norm", "layer_norm_vjp", "add_layer_norm_vjp"]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtypes", CONTRACT_DTYPES, ids="-".join)
-@pytest.mark.parametrize("shape", CONTRACT_SHAPES)
-@pytest.mark.parametrize("op", CONTRACT_OPS)
-def test_under_every_transform(device, op, shape, dtypes):
-    # empty arrays (shape ids empty-...) and values
-    run_contract(device, op, shape, dtypes)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtypes", CONTRACT_DTYPES[:2], ids="-".join)
-@pytest.mark.parametrize("shapes", BROADCASTS, ids=str)
-def test_add_broadcasts_like_x_plus_residual(device, shapes, dtypes):
-    # gradients of the smaller input summed over the broadcast axes, as the
-    # composition's; every transform
-    n = np.broadcast_shapes(*shapes)[-1]
+def _broadcast_skip(shapes):
     # An x of one column adds the same value to every element of a row, a
     # shift LayerNorm does not see: the norm's part of x's gradient is zero,
     # and so is its derivative, which float arithmetic gives as rounding
     # noise around zero (float64's ~1e-16, the built-in's ~1e-7), nothing a
     # relative error can compare. The other broadcasts take grad_of_grad.
-    skip = ("grad_of_grad",) if shapes[0][-1] == 1 else ()
-    run_contract(device, "add_layer_norm", (n,), dtypes, shapes=list(shapes), skip=skip)
+    return ("grad_of_grad",) if shapes[0][-1] == 1 else ()
+
+
+test_under_every_transform, test_add_broadcasts_like_x_plus_residual = family_contract_tests(
+    ["layer_norm", "add_layer_norm", "layer_norm_vjp", "add_layer_norm_vjp"], "add_layer_norm", _broadcast_skip)
 
 
 def test_add_broadcast_h_is_the_full_shape():

@@ -21,7 +21,7 @@ from conftest import assert_normwise_close, lit
 from conftest import (DEVICES, DTYPES, GPU_AVAILABLE, ONE_ROUNDING, TOL, graph_text, of_dtype, random, rel_err,
                       to_numpy)
 from mlx.utils import tree_flatten, tree_map
-from norm_contract import BROADCASTS, BUILTIN_RMS_NORM, DTYPES as CONTRACT_DTYPES, CONTRACT_SHAPES, run_contract
+from norm_contract import BUILTIN_RMS_NORM, family_contract_tests
 from norm_refs import (add_h, add_rms_backward, gw_scale, gx_scale, rms_backward, rms_forward,
                        rms_offset_forward)
 
@@ -815,26 +815,8 @@ def test_shapeless_compile_under_patch(device, case):
 # --- the transform contract: empty arrays and values, against float64 by complex
 # steps (norm_contract.py) -----------------------------------------------------------
 
-CONTRACT_OPS = ["rms_norm", "add_rms_norm", "rms_norm_vjp", "add_rms_norm_vjp"]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtypes", CONTRACT_DTYPES, ids="-".join)
-@pytest.mark.parametrize("shape", CONTRACT_SHAPES)
-@pytest.mark.parametrize("op", CONTRACT_OPS)
-def test_under_every_transform(device, op, shape, dtypes):
-    # empty arrays (shape ids empty-...) and values
-    run_contract(device, op, shape, dtypes)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtypes", CONTRACT_DTYPES[:2], ids="-".join)
-@pytest.mark.parametrize("shapes", BROADCASTS, ids=str)
-def test_add_broadcasts_like_x_plus_residual(device, shapes, dtypes):
-    # gradients of the smaller input summed over the broadcast axes, as the
-    # composition's; every transform
-    n = np.broadcast_shapes(*shapes)[-1]
-    run_contract(device, "add_rms_norm", (n,), dtypes, shapes=list(shapes))
+test_under_every_transform, test_add_broadcasts_like_x_plus_residual = family_contract_tests(
+    ["rms_norm", "add_rms_norm", "rms_norm_vjp", "add_rms_norm_vjp"], "add_rms_norm")
 
 
 def test_add_broadcast_h_is_the_full_shape():
