@@ -62,7 +62,7 @@ else
   mkdir -p build
   log="$PWD/build/run-sh-build.log"
   echo "[run.sh] building mlx-rmsnorm against the installed MLX ($why); full log: build/run-sh-build.log"
-  echo "[run.sh] a first CPU build took 36 s on 2 quiet CPU cores (2 min when busy), one with the CUDA kernels for every architecture ~2.5 min; later ones only what changed"
+  echo "[run.sh] a first CPU build took 19 s on 2 quiet CPU cores (about 2 min when busy), one with the CUDA kernels for every architecture ~2.5 min; later ones only what changed"
   start=$SECONDS
   # pip -v streams the build's output: a line per CMake/compile step shows
   set +e
