@@ -5,16 +5,14 @@ then the accuracy of Gemma's norm (scale 1 + w) against float64."""
 
 from __future__ import annotations
 
-import os
 import statistics
-import time
 
 import mlx.core as mx
 
 from .. import add_layer_norm, add_layer_norm_vjp, add_rms_norm, add_rms_norm_vjp, layer_norm, rms_norm
-from .core import (EPS, L2_BYTES, MAX_SETS, Progress, builtin_layer_norm, builtin_rms_norm, device_name, stats,
+from .core import (EPS, L2_BYTES, MAX_SETS, builtin_layer_norm, builtin_rms_norm, device_name, stats,
                    time_interleaved, trim)
-from .output import spread, write_outputs
+from .output import run_own_section, spread
 
 # Tokens per step x hidden sizes of the models whose blocks patch(fuse=True)
 # rewrites (Qwen2.5-0.5B 896, Qwen3-0.6B 1024, Qwen3-1.7B 2048, Qwen3-4B 2560,
@@ -201,23 +199,11 @@ def run(args, device, dtype, shapes):
     else:
         run_list = ([("RMSNorm", s) for s in (FUSED_QUICK if args.quick else FUSED_SHAPES)]
                     + [("LayerNorm", s) for s in (FUSED_LN_QUICK if args.quick else FUSED_LN_SHAPES)])
-    t_start = time.perf_counter()
-    rows = []
-    progress = Progress(len(run_list), len(run_list))  # a step a shape
-    try:
-        for i, (op, shape) in enumerate(run_list):
-            progress.case(i, f"fused {op}", "x".join(map(str, shape)))
-            rows += run_fused_case(tuple(shape[-2:]), dtype, args.calls, args.repeats,
-                                   args.singles, device, op)
-            progress.round_done()
-    finally:
-        progress.close()
-    elapsed = time.perf_counter() - t_start
-    os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, f"bench_{args.dtype}_fused")
-    write_outputs(rows, base, dict(device=str(device), dtype=args.dtype, sections=["fused"],
-                                   calls=args.calls, repeats=args.repeats, quick=args.quick,
-                                   seconds=elapsed))
+    rows, base, elapsed = run_own_section(
+        "fused", [(f"{op} {'x'.join(map(str, shape))}",
+                   lambda op=op, shape=shape: run_fused_case(tuple(shape[-2:]), dtype, args.calls, args.repeats,
+                                                             args.singles, device, op))
+                  for op, shape in run_list], args, device)
     print_fused_tables(rows, device)
     gemma_accuracy(device)
     print(f"\nresults: {base}.csv, {base}.json ({elapsed:.0f} s)")

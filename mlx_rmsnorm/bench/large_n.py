@@ -19,15 +19,13 @@ ops' backward through add_*_vjp, which is what their vjp runs).
 
 from __future__ import annotations
 
-import os
 import statistics
-import time
 
 import mlx.core as mx
 
 from .. import add_layer_norm_vjp, add_rms_norm, add_rms_norm_vjp, add_layer_norm, layer_norm, rms_norm
-from .core import EPS, L2_BYTES, MAX_SETS, Progress, device_name, inputs, stats, time_interleaved, trim
-from .output import spread, write_outputs
+from .core import EPS, L2_BYTES, MAX_SETS, device_name, inputs, stats, time_interleaved, trim
+from .output import run_own_section, spread
 
 # The shapes of the large-N table (x is 268 MB in bf16 at every one but
 # 4096x24576, 201 MB).
@@ -136,22 +134,10 @@ def run(args, device, dtype, shapes):
     print(f"device: {device_name(device)}, dtype: {args.dtype}, section: large-n, {len(run_list)} "
           f"shapes x {len(OPS)} ops x 2 directions, {args.calls} calls per eval, "
           f"{args.repeats} interleaved repeats (+1 warm-up)", flush=True)
-    t_start = time.perf_counter()
-    rows = []
-    progress = Progress(len(run_list), len(run_list))
-    try:
-        for i, shape in enumerate(run_list):
-            progress.case(i, "large-n", "x".join(map(str, shape)))
-            rows += run_case(shape, dtype, args.calls, args.repeats, args.singles, device)
-            progress.round_done()
-    finally:
-        progress.close()
-    elapsed = time.perf_counter() - t_start
-    os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, f"bench_{args.dtype}_large-n")
-    write_outputs(rows, base, dict(device=device_name(device), dtype=args.dtype, sections=["large-n"],
-                                   calls=args.calls, repeats=args.repeats, quick=args.quick,
-                                   seconds=elapsed))
+    rows, base, elapsed = run_own_section(
+        "large-n", [("x".join(map(str, shape)),
+                     lambda shape=shape: run_case(shape, dtype, args.calls, args.repeats, args.singles, device))
+                    for shape in run_list], args, device)
     print(f"\nlarge N: us per call, median [min-max] of {args.repeats} interleaved repeats of "
           f"{args.calls} calls per eval; ceiling = the copy rate (faster of MLX's -x and x+g, same "
           "rounds) on the bytes the op must move; NN% = ceiling / ours; QuACK: measured with torch "

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
+import time
 
-from .core import BUILTIN, CEILING, DIRECTION_TITLE, OUR_RMS_NORM
+from .core import BUILTIN, CEILING, DIRECTION_TITLE, OUR_RMS_NORM, Progress, device_name
 
 
 def spread(med, lo, hi, fmt="{:.1f}"):
@@ -33,6 +35,30 @@ def write_outputs(rows, base, meta):
         w.writerows(flat)
     with open(base + ".json", "w") as f:
         json.dump(dict(meta, rows=rows), f, indent=1)
+
+
+def run_own_section(name, cases, args, device):
+    """A section with tables of its own (bench --fused, --large-n): every case
+    of `cases` ([(label, run)], run() -> the case's rows), a progress step a
+    case, the rows written to args.out as bench_<dtype>_<name>.csv / .json.
+    Returns (rows, base path, seconds)."""
+    t_start = time.perf_counter()
+    rows = []
+    progress = Progress(len(cases), len(cases))
+    try:
+        for i, (label, run) in enumerate(cases):
+            progress.case(i, name, label)
+            rows += run()
+            progress.round_done()
+    finally:
+        progress.close()
+    elapsed = time.perf_counter() - t_start
+    os.makedirs(args.out, exist_ok=True)
+    base = os.path.join(args.out, f"bench_{args.dtype}_{name}")
+    write_outputs(rows, base, dict(device=device_name(device), dtype=args.dtype, sections=[name],
+                                   calls=args.calls, repeats=args.repeats, quick=args.quick,
+                                   seconds=elapsed))
+    return rows, base, elapsed
 
 
 def print_impl_table(rows, kind):
