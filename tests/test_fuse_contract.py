@@ -1,6 +1,6 @@
 """patch(fuse=True)'s contract with the code it replaces: a fused block
 computes what the original computes as the original would compute it now,
-or the original runs (issue 41: a wrapper on mx.fast or on a helper
+or the original runs (a wrapper on mx.fast or on a helper
 installed after patching, Gemma's 1 + w, float16 Gemma 2); the rewrite is
 installed when mlx-lm's model modules are imported; without mlx-lm a
 warning; _fuse's state set through its functions."""
