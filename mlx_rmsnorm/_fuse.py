@@ -160,6 +160,11 @@ def min_rows() -> int:
     return _min_rows
 
 
+def routes_cpu() -> bool:
+    """Whether the blocks fuse on a CPU stream (:func:`set_route_cpu`)."""
+    return _cpu_plugin
+
+
 def set_route_cpu(on: bool) -> bool:
     """Whether the blocks fuse on a CPU stream (``_patching.route_cpu`` sets
     it beside the extension's switch); returns the previous setting."""

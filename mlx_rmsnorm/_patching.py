@@ -81,7 +81,6 @@ _state_after_blocks = False  # what the last block to close restores
 _local = threading.local()  # .depth: patched() blocks open in this thread
 _open_fuse_blocks = 0  # patched(fuse=True) blocks open now
 _fuse_after_blocks = False  # the block rewrite the last such block restores
-_route_cpu_on = False  # route_cpu()'s setting
 
 
 # What patch() puts on mx.fast: mx.fast's signatures, MLX's own op on a CPU
@@ -150,18 +149,17 @@ def route_cpu(on: bool) -> bool:
     """Whether calls on a CPU stream run the plugin under ``patch()`` (and
     the fused blocks fuse there); returns the previous setting. Off by
     default: there ``patch()`` keeps MLX's own op."""
-    global _route_cpu_on
     _check_bool("route_cpu", "on", on)
     with _lock:
         was = _ext._set_route_cpu(on)
-        _route_cpu_on = on
         _fuse.set_route_cpu(on)
         return was
 
 
 def routes_cpu() -> bool:
-    """The :func:`route_cpu` setting (for the report)."""
-    return _route_cpu_on
+    """The :func:`route_cpu` setting (for the report): the blocks' copy of
+    the extension's switch, which route_cpu() sets beside it."""
+    return _fuse.routes_cpu()
 
 
 def _check_bool(fn: str, name: str, value: Any) -> None:
