@@ -113,7 +113,7 @@ def test_a_bad_value_at_import_is_a_value_error(name, value):
 
 STATE = ("import sys; m = sys.modules.get('mlx_rmsnorm'); "
          "from mlx_rmsnorm import _fuse, _patching; "  # after the check: imports it where absent
-         "rows = _fuse.min_rows() if hasattr(_fuse, 'min_rows') else _fuse.MIN_ROWS; "
+         "rows = _fuse.min_rows(); "
          "print('imported', m is not None, 'patched', m is not None and m.is_patched(), "
          "'fused', m is not None and m.is_fused(), 'route_cpu', _patching.routes_cpu(), 'rows', rows)")
 
