@@ -18,11 +18,9 @@ using detail::make_call;
 // walk) on the same row (plans.h).
 template <typename X, typename G, bool ADD, const auto& Table, std::size_t... I>
 const void* persistent_kernel(int row, std::index_sequence<I...>) {
-  static_assert(((Table[I].cluster == 1) && ...),
-                "no cluster rows through MLX (plans.h says why)");
   static const void* const kernels[] = {
       persistent_kernel_for<X, G, Table[I].block, Table[I].group, Table[I].chunks,
-                            Table[I].stages, Table[I].bulk, 1,
+                            Table[I].stages, Table[I].bulk, Table[I].cluster,
                             std::conditional_t<ADD, AddRmsRow, RmsRow>>()...};
   return kernels[row];
 }
@@ -79,21 +77,29 @@ bool plan_persistent(const BwdArgs& a, int vec, Plan& p) {
   // The fused add stages gh (x-sized) beside g: one more x-width of operand.
   const std::size_t smem = plans::persistent_smem(
       *cfg, nvec, static_cast<int>(sizeof(G) / sizeof(X)) + (add ? 1 : 0));
-  // 0 where the row's stages do not fit this GPU's shared memory: split.
-  const int occupancy = detail::blocks_per_sm(fn, cfg->block, smem);
-  if (occupancy == 0) return false;
+  // Units (blocks, or clusters of cfg->cluster blocks) resident on the whole
+  // GPU; 0 where the row's stages do not fit this GPU's shared memory: split.
+  const int resident = cfg->cluster > 1
+                           ? detail::clusters_resident(fn, cfg->block, smem)
+                           : target.sms * detail::blocks_per_sm(fn, cfg->block, smem);
+  if (resident == 0) return false;
 
-  const int64_t grid = std::min<int64_t>(
-      int64_t(target.sms) * occupancy, ceil_div(a.rows, rows_per_step));
+  // A unit's rows depend on the row alone (a cluster's slices on N), never
+  // on the grid: a row's gx has the same bits in any batch.
+  const int64_t units = std::min<int64_t>(resident, ceil_div(a.rows, rows_per_step));
   p.algorithm = Algorithm::Persistent;
-  if (grid > 0)
-    p.calls.push_back(make_call(fn, dim3(grid), dim3(cfg->block), smem, "bwd_persistent"));
+  if (units > 0) {
+    KernelCall call = make_call(fn, dim3(units * cfg->cluster), dim3(cfg->block), smem,
+                                cfg->cluster > 1 ? "bwd_persistent_cluster" : "bwd_persistent");
+    call.cluster = cfg->cluster;
+    p.calls.push_back(call);
+  }
   // Without a wanted gw (no weight, or a frozen one) neither partials nor
   // their column sum: one kernel.
   if (a.gw != nullptr) {
-    p.partial_rows = static_cast<int>(grid);
+    p.partial_rows = static_cast<int>(units);
     p.partials_offset = 0;
-    p.scratch_bytes = detail::align_up(sizeof(float) * grid * a.n);
+    p.scratch_bytes = detail::align_up(sizeof(float) * units * a.n);
     p.calls.push_back(final_colsum(a.n));
   }
   return true;

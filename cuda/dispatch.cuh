@@ -37,6 +37,12 @@ inline int sm_count() { return target().sms; }
 // 0 when `smem` is more than the kernel can have. Cached.
 int blocks_per_sm(const void* host_fn, int block, unsigned smem);
 
+// Thread-block clusters of a kernel with a compiled-in cluster shape that the
+// whole GPU holds at once (its clusters stay within a GPC, so this is not SMs
+// x blocks_per_sm / cluster), for a block size and dynamic shared memory; 0
+// when they do not fit. Cached.
+int clusters_resident(const void* host_fn, int block, unsigned smem);
+
 // A call record with the driver handle resolved (cached per kernel).
 KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
                      const char* name);

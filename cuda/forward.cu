@@ -1,5 +1,7 @@
-// Forward planner: a row-in-registers kernel from plans::kForward, or the
-// looped kernel for rows past the table or not 16-byte friendly.
+// Forward planner: a row-in-registers kernel from plans::kForward (past one
+// block's registers, a row a thread-block cluster on sm_90), or the looped
+// kernel for rows past the table, not 16-byte friendly, or longer than one
+// block where the GPU has no clusters.
 #include <limits>
 #include <type_traits>
 
@@ -22,13 +24,15 @@ using plans::kForwardOneWave;
 // persistent rows' way) even where the table reads it after the reduction;
 // not in 1024-thread blocks, whose 64 registers a thread cannot hold it
 // (ptxas spills).
+// Cluster rows read w after the reduction either way (a row is many waves).
 template <typename X, typename O, bool ADD, bool W_FIRST, std::size_t... I>
 const void* rows_kernel(int row, std::index_sequence<I...>) {
-  static const void* const kernels[] = {reinterpret_cast<const void*>(
-      &fwd_rows<X, O, kForward[I].block, kForward[I].group,
-                kForward[I].chunks, kForward[I].stages,
-                kForward[I].persistent || (W_FIRST && kForward[I].block <= 512),
-                std::conditional_t<ADD, AddRmsRow, RmsRow>>)...};
+  static const void* const kernels[] = {
+      fwd_kernel_for<X, O, kForward[I].block, kForward[I].group, kForward[I].chunks,
+                     kForward[I].stages,
+                     kForward[I].persistent || (W_FIRST && kForward[I].block <= 512 &&
+                                                kForward[I].cluster == 1),
+                     kForward[I].cluster, std::conditional_t<ADD, AddRmsRow, RmsRow>>()...};
   return kernels[row];
 }
 
@@ -90,6 +94,22 @@ Plan plan_forward(const FwdArgs& a) {
     }
     if (row < 0) return looped(std::integral_constant<int, full>{});
     const auto& cfg = kForward[row];
+    constexpr auto rows = std::make_index_sequence<std::size(kForward)>{};
+    if (cfg.cluster > 1) {
+      // A row a cluster (sm_90 on): a block per slice, a cluster per row.
+      const void* fn = add ? rows_kernel<X, O, true, false>(row, rows)
+                           : rows_kernel<X, O, false, false>(row, rows);
+      if (detail::target().family < 90 ||
+          detail::clusters_resident(fn, cfg.block, 0) == 0)
+        return looped(std::integral_constant<int, full>{});
+      const int64_t grid =
+          std::min<int64_t>(a.rows, std::numeric_limits<int32_t>::max() / cfg.cluster);
+      KernelCall call = detail::make_call(fn, dim3(grid * cfg.cluster), dim3(cfg.block), 0,
+                                          "fwd_rows_cluster");
+      call.cluster = cfg.cluster;
+      p.calls.push_back(call);
+      return;
+    }
     const int rows_per_step = cfg.block / cfg.group;
     const int64_t steps = detail::ceil_div(a.rows, rows_per_step);
     // Past the one-wave table, one wave still reads w beside x: reading it
@@ -98,7 +118,6 @@ Plan plan_forward(const FwdArgs& a) {
     // hide that latency behind other blocks' loads, and there the table's
     // low-register kernel wins.
     const bool one_wave = steps <= detail::sm_count();
-    constexpr auto rows = std::make_index_sequence<std::size(kForward)>{};
     const void* fn = add        ? rows_kernel<X, O, true, false>(row, rows)
                      : one_wave ? rows_kernel<X, O, false, true>(row, rows)
                                 : rows_kernel<X, O, false, false>(row, rows);

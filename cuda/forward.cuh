@@ -37,10 +37,18 @@ namespace rmsnorm {
 // against 75% and 65%), 78 against 63 at 256 x 4 (docs/NOTES.md). With
 // W_AS_X: 55 and 64 (ptxas, sm_90, bf16); a branch for an absent b cost 13
 // of them back at 256 x 4, so a LayerNorm without bias keeps the general read.
+//
+// CLUSTER > 1 (sm_90 on; rows past what one block holds in registers): a
+// row a step spans a thread-block cluster, each block holding a contiguous
+// slice of its columns; the blocks' sums of squares cross the cluster in
+// distributed shared memory and are added in rank order, so every block
+// scales by the same rstd and a row is read once (fwd_looped reads it twice).
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT, typename Row, bool W_AS_X = false>
+          bool PERSISTENT, typename Row, bool W_AS_X = false, int CLUSTER = 1>
 __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   static_assert(!(W_AS_X && PERSISTENT), "the persistent rows keep fp32 w in registers");
+  static_assert(CLUSTER == 1 || (GROUP == BLOCK && !Row::kShift && Row::kFwdPasses == 1),
+                "a cluster takes one row a step, of one unshifted sum");
   static_assert(STAGES == 1 || STAGES == 2, "one row, or one more loading");
   // Extra streams (AddRmsRow): the residual is loaded beside x, the row
   // value row_in(x, residual) replaces x in registers, and it is written to
@@ -64,22 +72,30 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   // w and b), and registers set these rows' occupancy.
   constexpr bool kFirst = Row::kShift && GROUP > 32;
   __shared__ float2 red[32];
+  __shared__ float2 slice_sums[2];  // CLUSTER: this block's sums, by step parity
   const int n = a.n;
-  const int nvec = n / VEC;
+  // This block's columns: vectors [v0, v0 + nvec) of the row (all of it
+  // without a cluster); row pointers below start at v0.
+  const int rank = blockIdx.x % CLUSTER;
+  const int per_rank = (n / VEC + CLUSTER - 1) / CLUSTER;
+  const int v0 = rank * per_rank;
+  const int nvec = max(0, min(n / VEC - v0, per_rank));
   const int lane = threadIdx.x % GROUP;
   const int r = threadIdx.x / GROUP;
-  const int64_t stride = (int64_t)gridDim.x * ROWS;
-  const int64_t first = (int64_t)blockIdx.x * ROWS;
+  const int64_t stride = (int64_t)(gridDim.x / CLUSTER) * ROWS;
+  const int64_t first = (int64_t)(blockIdx.x / CLUSTER) * ROWS;
   const bool w_aligned = aligned16(a.w);
+  auto row_vectors = [&](const void* base, int64_t row) {
+    return reinterpret_cast<const XV*>(static_cast<const X*>(base) + row * n) + v0;
+  };
 
   auto load = [&](XV (&xv)[CHUNKS], int64_t base) {
     const int64_t row = base + r;
     if (row >= a.rows) return;
-    const XV* xr = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n);
+    const XV* xr = row_vectors(a.x, row);
     if constexpr (kExtra) {
       // Every load of both operands is issued before the first use.
-      const XV* er =
-          reinterpret_cast<const XV*>(static_cast<const X*>(a.residual) + row * n);
+      const XV* er = row_vectors(a.residual, row);
       XV ev[CHUNKS];
 #pragma unroll
       for (int j = 0; j < CHUNKS; ++j) {
@@ -107,7 +123,7 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   const bool has_b = Row::kBias && a.b != nullptr;
   const bool b_aligned = Row::kBias && aligned16(a.b);
   // b as floats (0 when absent), read like w.
-  auto load_b = [&](int v, float(&bj)[VEC]) {
+  auto load_b = [&](int v, float(&bj)[VEC]) {  // v: a vector of the row
     if (has_b) {
       load_w(a.b, a.b_dtype, v, b_aligned, bj);
     } else {
@@ -149,13 +165,15 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
         }
       }
       sums = group_sum<GROUP, BLOCK>(sums, red);
+      // (every block of a cluster makes the same steps: they share the rows)
+      if constexpr (CLUSTER > 1) sums = cluster_sum<CLUSTER>(sums, slice_sums, base / stride);
       Row::template fwd_finish<PASS>(sums, n, a.eps, st);
     };
     pass(std::integral_constant<int, 0>{});
     if constexpr (Row::kFwdPasses > 1) pass(std::integral_constant<int, 1>{});
     if (!valid) return;
-    OV* yr = reinterpret_cast<OV*>(static_cast<O*>(a.y) + row * n);
-    XV* hr = reinterpret_cast<XV*>(static_cast<X*>(a.h) + row * n);  // kExtra
+    OV* yr = reinterpret_cast<OV*>(static_cast<O*>(a.y) + row * n) + v0;
+    XV* hr = reinterpret_cast<XV*>(static_cast<X*>(a.h) + row * n) + v0;  // kExtra
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
       int v = j * GROUP + lane;
@@ -165,12 +183,12 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
         float(&bj)[VEC] = b[PERSISTENT && Row::kBias ? j : 0];
         XV wv, bv;  // W_AS_X: w and b as stored, widened below
         if constexpr (W_AS_X) {
-          wv = static_cast<const XV*>(a.w)[v];
-          if constexpr (Row::kBias) bv = static_cast<const XV*>(a.b)[v];
+          wv = static_cast<const XV*>(a.w)[v0 + v];
+          if constexpr (Row::kBias) bv = static_cast<const XV*>(a.b)[v0 + v];
         } else if constexpr (!PERSISTENT) {
-          load_w(a.w, a.w_dtype, v, w_aligned, wj);
+          load_w(a.w, a.w_dtype, v0 + v, w_aligned, wj);
           add_offset(wj, a.offset);
-          if constexpr (Row::kBias) load_b(v, bj);
+          if constexpr (Row::kBias) load_b(v0 + v, bj);
         }
         OV out;
 #pragma unroll
@@ -194,11 +212,11 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
     for (int j = 0; j < CHUNKS; ++j) {
       int v = j * GROUP + lane;
       if (v < nvec) {
-        load_w(a.w, a.w_dtype, v, w_aligned, w[j]);
+        load_w(a.w, a.w_dtype, v0 + v, w_aligned, w[j]);
         add_offset(w[j], a.offset);
       }
       if constexpr (Row::kBias)
-        if (v < nvec) load_b(v, b[j]);
+        if (v < nvec) load_b(v0 + v, b[j]);
     }
   }
 
@@ -217,6 +235,8 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
       finish(next, base + stride);
     }
   }
+  // No block may leave while another can still read its slice_sums.
+  if constexpr (CLUSTER > 1) cluster_barrier();
 }
 
 // The kernels: fwd_rows, and with a register cap (at least MIN_BLOCKS blocks
@@ -231,6 +251,26 @@ template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool PERSISTENT, int MIN_BLOCKS, typename Row, bool W_AS_X = false>
 __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) fwd_rows_capped(const FwdArgs a) {
   fwd_rows_body<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row, W_AS_X>(a);
+}
+
+template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
+          bool PERSISTENT, int CLUSTER, typename Row>
+__global__ void RMSNORM_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK)
+    fwd_rows_cluster(const FwdArgs a) {
+  fwd_rows_body<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row, false, CLUSTER>(a);
+}
+
+// The host stub of an RMSNorm forward row (CLUSTER > 1: a row a cluster).
+template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
+          bool PERSISTENT, int CLUSTER, typename Row>
+const void* fwd_kernel_for() {
+  if constexpr (CLUSTER > 1) {
+    return reinterpret_cast<const void*>(
+        &fwd_rows_cluster<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, CLUSTER, Row>);
+  } else {
+    return reinterpret_cast<const void*>(
+        &fwd_rows<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row>);
+  }
 }
 
 // The host stub of a LayerNorm forward row (MIN_BLOCKS > 0: capped).

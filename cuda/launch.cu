@@ -65,6 +65,25 @@ cudaError_t launch(const Plan& plan, const void* args, cudaStream_t stream) {
   return cudaSuccess;
 }
 
+cudaError_t kernel_graph(const KernelCall& c, const void* args, cudaGraph_t* graph) {
+  cudaError_t err = cudaGraphCreate(graph, 0);
+  if (err != cudaSuccess) return err;
+  cudaKernelNodeParams params{};
+  params.func = const_cast<void*>(c.host_fn);
+  params.gridDim = c.grid;
+  params.blockDim = c.block;
+  params.sharedMemBytes = c.smem;
+  void* arg = const_cast<void*>(args);
+  params.kernelParams = &arg;  // copied into the node
+  cudaGraphNode_t node;
+  err = cudaGraphAddKernelNode(&node, *graph, nullptr, 0, &params);
+  if (err != cudaSuccess) {
+    cudaGraphDestroy(*graph);
+    *graph = nullptr;
+  }
+  return err;
+}
+
 namespace detail {
 
 void fail(const char* what, cudaError_t err) {
@@ -162,6 +181,33 @@ int blocks_per_sm(const void* host_fn, int block, unsigned smem) {
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   }
   return cache[key] = blocks;
+}
+
+int clusters_resident(const void* host_fn, int block, unsigned smem) {
+  static std::map<std::tuple<int, const void*, int, unsigned>, int> cache;
+  const int dev = target().device;
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  auto key = std::make_tuple(dev, host_fn, block, smem);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int clusters = 0;
+  if (smem <= static_cast<unsigned>(allow_dynamic_smem(dev, host_fn))) {
+    cudaFuncAttributes attr{};
+    check(cudaFuncGetAttributes(&attr, host_fn), "cudaFuncGetAttributes");
+    cudaLaunchConfig_t config{};  // one cluster of the kernel's own shape
+    config.gridDim = dim3(attr.requiredClusterWidth > 0 ? attr.requiredClusterWidth : 1);
+    config.blockDim = dim3(block);
+    config.dynamicSmemBytes = smem;
+    const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, host_fn, &config);
+    // A shape this GPU cannot hold at all is "does not fit", not an error.
+    if (err == cudaErrorInvalidClusterSize || err == cudaErrorInvalidValue) {
+      cudaGetLastError();
+      clusters = 0;
+    } else {
+      check(err, "cudaOccupancyMaxActiveClusters");
+    }
+  }
+  return cache[key] = clusters;
 }
 
 KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,

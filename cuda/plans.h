@@ -35,9 +35,10 @@ struct RowPlan {
                    // registers at once
   bool bulk = false;  // backward: a step's rows arrive through the bulk copy
                       // engine (one thread issues them), not per-thread copies
-  int cluster = 1;    // backward, tuner only: blocks of a thread-block cluster
-                      // that split one row by columns (never through MLX:
-                      // docs/NOTES.md, Kernels, Backward)
+  int cluster = 1;    // RMSNorm, sm_90 on: blocks of a thread-block cluster
+                      // that split one row by columns (rows past one SM's
+                      // shared memory; recorded into MLX's graph as a child
+                      // graph keyed by this shape, gpu_util.cpp record)
   bool persistent = true;  // forward: the grid is what stays resident and
                            // walks the rows; false: a block per step of rows
   int min_steps = 1;   // LayerNorm backward: steps of rows a unit walks at
@@ -91,7 +92,8 @@ constexpr RowPlan per_thread_copies(RowPlan p) {
 // the gw partial in fp32 registers. w and the gw partial (2 * chunks * VEC
 // floats) stay live across the row loop, so chunks stops at 4 before ptxas
 // spills. Shared memory is stages * rows a step * N * (sizeof x + sizeof g):
-// at N = 16384 bf16 two stages take 128 KiB, one block a SM; longer rows take
+// at N = 16384 bf16 two stages take 128 KiB, one block a SM; longer rows span
+// a cluster (below), and rows past the table, or whose stages do not fit, take
 // the split plan. Chosen with cuda/cli/tune_backward on the H200.
 inline constexpr RowPlan kBackwardSm90[] = {
     // N <= 32: 4 lanes a row, 32 rows a step
@@ -117,9 +119,19 @@ inline constexpr RowPlan kBackwardSm90[] = {
     upto(1024).block(512).group(512).chunks(2).stages(2).bulk(),
     // N <= 16384: 4 vectors a thread, one block a SM; bulk won (8192x16384)
     upto(2048).block(512).group(512).chunks(4).stages(2).bulk(),
+    // Past one SM's shared memory a row spans a cluster: each block stages a
+    // 2048-vector slice (128 KiB in bf16) and the row sums cross the cluster
+    // in distributed shared memory, so x and g are read once (the split plan
+    // reads them twice). Per-thread copies beat bulk ones in clusters.
+    // N <= 32768: 2 blocks a row (4096x32768 235.6 us against 263.8 bulk)
+    upto(4096).block(512).group(512).chunks(4).stages(2).cluster(2),
+    // N <= 65536: 4 blocks a row (2048x65536 251.2 us against 286.8 bulk)
+    upto(8192).block(512).group(512).chunks(4).stages(2).cluster(4),
+    // N <= 131072: 8 blocks a row, the largest portable cluster
+    upto(16384).block(512).group(512).chunks(4).stages(2).cluster(8),
 };
 // Families 80 and 75 (A100, A10, RTX 30xx/40xx, L4, T4): the same rows with
-// per-thread copies. Not tuned on those GPUs, measured as PTX on the H200.
+// per-thread copies, up to N = 16384 (no clusters before sm_90). Not tuned on those GPUs, measured as PTX on the H200.
 // Rows whose stages exceed a GPU's shared memory (sm_75: 64 KiB a block,
 // sm_86/sm_120: 99 KiB) get no resident block there, and the planner falls
 // back to the split plan.
@@ -157,6 +169,14 @@ inline constexpr RowPlan kForward[] = {
     // N <= 32768: 1024 threads get 64 registers each: x fits, w or 8 chunks
     // would not (spills); longer rows take the looped kernel
     upto(4096).block(1024).group(1024).chunks(4).persistent(false),
+    // Longer rows span a thread-block cluster (sm_90 on; elsewhere the looped
+    // kernel): each block holds a slice in registers, the sums of squares
+    // cross the cluster, and the row is read once (the looped kernel reads
+    // it twice). N <= 65536 and 131072: 512 x 4 slices, 4 and 8 blocks (8:
+    // the largest portable cluster; 1024 x 4 slices would spill the fused
+    // add's x and residual, as its N <= 32768 row does)
+    upto(8192).block(512).group(512).chunks(4).persistent(false).cluster(4),
+    upto(16384).block(512).group(512).chunks(4).persistent(false).cluster(8),
 };
 
 // Forward, one wave of rows (decode: a token's 1-64 rows, at most one step of
@@ -286,6 +306,12 @@ constexpr bool without(const T (&table)[K], bool T::*field) {
     if (table[i].*field) return false;
   return true;
 }
+template <typename T, std::size_t K>
+constexpr bool without_clusters(const T (&table)[K]) {
+  for (std::size_t i = 0; i < K; ++i)
+    if (table[i].cluster != 1) return false;
+  return true;
+}
 static_assert(ascending(kBackwardSm90) && ascending(kBackwardSm80) && ascending(kForward) &&
               ascending(kForwardOneWave) && ascending(kLayerBackwardSm90) &&
               ascending(kLayerBackwardSm80) && ascending(kLayerForward));
@@ -293,6 +319,28 @@ static_assert(complete(kBackwardSm90) && complete(kBackwardSm80) && complete(kFo
               complete(kForwardOneWave) && complete(kLayerBackwardSm90) &&
               complete(kLayerBackwardSm80) && complete(kLayerBackwardWRegsSm90) &&
               complete(kLayerBackwardWRegsSm80) && complete(kLayerForward));
+// A cluster splits one row a step into slices of whole vectors.
+template <typename T, std::size_t K>
+constexpr bool clusters_split_rows(const T (&table)[K]) {
+  for (std::size_t i = 0; i < K; ++i)
+    if (table[i].cluster > 1 && (table[i].block != table[i].group ||
+                                 table[i].cluster > 8 ||
+                                 table[i].max_nvec % table[i].cluster != 0 ||
+                                 table[i].max_nvec / table[i].cluster >
+                                     table[i].group * table[i].chunks))
+      return false;
+  return true;
+}
+static_assert(clusters_split_rows(kBackwardSm90) && clusters_split_rows(kForward),
+              "a cluster row: a row a step, at most 8 blocks (portable), each slice in one block");
+static_assert(without_clusters(kBackwardSm80) && without_clusters(kLayerBackwardSm90) &&
+                  without_clusters(kLayerBackwardSm80) &&
+                  without_clusters(kLayerBackwardWRegsSm90) &&
+                  without_clusters(kLayerBackwardWRegsSm80) &&
+                  without_clusters(kForwardOneWave) && without_clusters(kLayerForward),
+              "clusters: RMSNorm's rows only (the sm_90 backward table, and the forward's, "
+              "which the planner skips before sm_90); LayerNorm's shifted sums do not cross "
+              "a cluster");
 static_assert(without(kBackwardSm80, &RowPlan::bulk) &&
                   without(kLayerBackwardSm80, &RowPlan::bulk) &&
                   without(kLayerBackwardWRegsSm80, &RowPlan::bulk),

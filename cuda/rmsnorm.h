@@ -107,6 +107,11 @@ struct KernelCall {
   dim3 grid, block;
   unsigned smem;
   const char* name;
+  // Blocks of a thread-block cluster, compiled into the kernel (1: none). A
+  // caller recording into a cached, updatable CUDA graph must keep cluster
+  // launches from being updated into plain ones or back (MLX's glue records
+  // them as child graphs keyed by this shape).
+  int cluster = 1;
 };
 
 struct Plan {
@@ -157,6 +162,10 @@ void use_device(int device);
 // The plan family (90, 80 or 75, plans.h) of the current device's code; throws
 // std::runtime_error when this build has no code for the device.
 int device_family();
+
+// A new graph (the caller destroys it) of the one launch `c` with `args`:
+// how a cluster launch enters a cached graph of MLX's (KernelCall::cluster).
+cudaError_t kernel_graph(const KernelCall& c, const void* args, cudaGraph_t* graph);
 
 // Launch a plan on a stream with <<<>>>-equivalent runtime calls (CLI).
 // `args` points at the FwdArgs, BwdArgs or CopyArgs the plan was made for.

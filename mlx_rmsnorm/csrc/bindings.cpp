@@ -9,6 +9,8 @@
 #include <nanobind/stl/vector.h>
 
 #include <atomic>
+#include <cstdint>
+#include <stdexcept>
 #include <map>
 
 #include "mlx/fast.h"
@@ -28,6 +30,16 @@ using namespace nb::literals;
 namespace mx = mlx::core;
 
 namespace {
+
+#ifdef MLX_RMSNORM_CUDA
+rmsnorm::DType kernel_dtype(const std::string& name) {
+  if (name == "float32") return rmsnorm::DType::F32;
+  if (name == "float16") return rmsnorm::DType::F16;
+  if (name == "bfloat16") return rmsnorm::DType::BF16;
+  throw std::invalid_argument("[mlx_rmsnorm] the kernels take float32, float16 or bfloat16, not " +
+                              name);
+}
+#endif
 
 // Whether patch()'s routed functions run the plugin on CPU streams too
 // (routing.h says why they do not by default). The tests turn it on to run
@@ -385,6 +397,34 @@ NB_MODULE(_ext, m) {
         call that ran MLX's mx.fast op in its place: a routed call sent to
         MLX, an export trace, a stream without our kernels, LayerNorm rows
         no plan of ours covers).)");
+
+  m.def(
+      "_backward_kernels",
+      [](int64_t rows, int n, const std::string& x_dtype,
+         const std::optional<std::string>& g_dtype, bool add) {
+        std::vector<std::pair<std::string, int>> out;
+#ifdef MLX_RMSNORM_CUDA
+        // Planned without data: aligned stand-in addresses, never read.
+        void* p = reinterpret_cast<void*>(uintptr_t{256});
+        rmsnorm::BwdArgs a{};
+        a.x = a.w = a.g = p;
+        a.gx = a.gw = p;
+        a.gh = add ? p : nullptr;
+        a.rows = rows;
+        a.n = n;
+        a.x_dtype = a.w_dtype = kernel_dtype(x_dtype);
+        a.g_dtype = kernel_dtype(g_dtype.value_or(x_dtype));
+        for (const auto& c : rmsnorm::plan_backward(a, rmsnorm::Algorithm::Auto).calls)
+          out.emplace_back(c.name, c.cluster);
+#endif
+        return out;
+      },
+      "rows"_a, "n"_a, "x_dtype"_a, "g_dtype"_a = nb::none(), "add"_a = false,
+      R"(The kernels the RMSNorm backward (``add``: add_rms_norm's) of ``rows`` x
+        ``n`` would launch on the current GPU, planned without data, with a
+        weight and gw wanted; dtypes by name (``"bfloat16"``; ``g_dtype``
+        defaults to ``x_dtype``): ``[(name, cluster blocks), ...]``. Empty in a
+        build without CUDA kernels. Tests and the benchmark only.)");
 
   // Tests only: the GPU path of layer_norm for rows that are not a whole
   // number of 16-byte vectors, on any stream.

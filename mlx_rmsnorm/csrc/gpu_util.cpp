@@ -3,6 +3,9 @@
 
 #include "gpu_util.h"
 
+#include <stdexcept>
+#include <string>
+
 #include "device_memory.h"
 
 namespace mlx_rmsnorm {
@@ -82,6 +85,19 @@ const mx::array& rows_of(const mx::array& in, std::optional<mx::array>& copy,
     record(enc, c, a);
   }
   return *copy;
+}
+
+void record_cluster(mx::cu::CommandEncoder& enc, const rmsnorm::KernelCall& c,
+                    const void* args) {
+  // Built through our runtime, which knows the kernel; a graph is a driver
+  // object, so MLX's runtime takes it. Adding it clones it: ours goes after.
+  cudaGraph_t child = nullptr;
+  const cudaError_t err = rmsnorm::kernel_graph(c, args, &child);
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string("[mlx_rmsnorm] a cluster launch's graph: ") +
+                             cudaGetErrorString(err));
+  enc.add_graph_node(child, "(K" + std::to_string(c.cluster) + ")", /*is_updatable=*/true);
+  cudaGraphDestroy(child);
 }
 
 void record_backward(mx::cu::CommandEncoder& enc, const mx::Stream& s,

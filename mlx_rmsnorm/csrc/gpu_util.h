@@ -39,11 +39,23 @@ void allocate(mx::array& out, const mx::Stream& s,
 mx::array temporary(const mx::Shape& shape, mx::Dtype dtype, const mx::Stream& s,
                     mx::cu::CommandEncoder& enc);
 
+// A kernel with a compiled-in thread-block cluster shape, recorded as a child
+// graph of its one kernel node under a key that names the shape ("(K2)", as
+// MLX keys its own child graphs). MLX caches instantiated graphs by their
+// nodes' keys and updates a cached one in place with the next graph of the
+// same key; every plain kernel node is "K", and an update between a cluster
+// node and a plain one kept the old cluster shape (the plain kernel then did
+// not run). Under its own key a cluster launch only ever updates another of
+// the same shape. `args` is copied into the node.
+void record_cluster(mx::cu::CommandEncoder& enc, const rmsnorm::KernelCall& c,
+                    const void* args);
+
 // Records one kernel as a graph node, launched by its driver handle (MLX's
 // runtime cannot launch a kernel registered in ours). The node copies the
 // Args struct, which every kernel takes by value.
 template <typename Args>
 void record(mx::cu::CommandEncoder& enc, const rmsnorm::KernelCall& c, Args args) {
+  if (c.cluster > 1) return record_cluster(enc, c, &args);
   enc.add_kernel_node_ex(reinterpret_cast<CUfunction>(c.fn), c.grid, c.block,
                          dim3(), c.smem, args);
 }
