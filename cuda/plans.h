@@ -179,6 +179,15 @@ inline constexpr RowPlan kForward[] = {
     upto(16384).block(512).group(512).chunks(4).persistent(false).cluster(8),
 };
 
+// The fused add's forward at N <= 32768 (sm_90): x and the residual of a
+// 1024 x 4 row do not fit its 64 registers a thread (ptxas: 272 bytes of
+// spills in bf16; 4096x32768 took 655 us, 39% of the copy, against 149 us
+// without the add), so the row spans a cluster of two 512 x 4 blocks instead.
+// Elsewhere it keeps kForward's row.
+inline constexpr int kForwardAddLongRow = 12;  // kForward's N <= 32768 row
+inline constexpr RowPlan kForwardAddLong =
+    upto(4096).block(512).group(512).chunks(4).persistent(false).cluster(2);
+
 // Forward, one wave of rows (decode: a token's 1-64 rows, at most one step of
 // rows a SM): one row's latency, not bandwidth, counts. w is loaded beside x
 // (fwd_rows PERSISTENT), never after the reduction (a second round trip).
@@ -331,6 +340,8 @@ constexpr bool clusters_split_rows(const T (&table)[K]) {
       return false;
   return true;
 }
+static_assert(kForward[kForwardAddLongRow].max_nvec == kForwardAddLong.max_nvec &&
+              kForward[kForwardAddLongRow].block == 1024);
 static_assert(clusters_split_rows(kBackwardSm90) && clusters_split_rows(kForward),
               "a cluster row: a row a step, at most 8 blocks (portable), each slice in one block");
 static_assert(without_clusters(kBackwardSm80) && without_clusters(kLayerBackwardSm90) &&

@@ -72,7 +72,7 @@ def test_op_counts_forward_ops():
     # a backward op builds no forward primitive
     assert counts_after(lambda: _ext.rms_norm_vjp(x, w, x, 1e-5, stream=cpu)) == only()
     # float64 runs MLX ops of ours (the reference), neither a primitive nor mx.fast
-    x64 = x.astype(mx.float64)
+    x64 = x.astype(mx.float64, stream=cpu)  # (float64 exists on the CPU only)
     assert counts_after(lambda: mx.eval(_ext.rms_norm(x64, w, 1e-5, stream=cpu))) == only()
 
 
