@@ -79,7 +79,8 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   const int rank = blockIdx.x % CLUSTER;
   const int per_rank = (n / VEC + CLUSTER - 1) / CLUSTER;
   const int v0 = rank * per_rank;
-  const int nvec = max(0, min(n / VEC - v0, per_rank));
+  // (without a cluster exactly n / VEC: the code of the rows stays as it was)
+  const int nvec = CLUSTER == 1 ? n / VEC : max(0, min(n / VEC - v0, per_rank));
   const int lane = threadIdx.x % GROUP;
   const int r = threadIdx.x / GROUP;
   const int64_t stride = (int64_t)(gridDim.x / CLUSTER) * ROWS;
