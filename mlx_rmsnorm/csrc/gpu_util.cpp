@@ -3,8 +3,10 @@
 
 #include "gpu_util.h"
 
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "device_memory.h"
 
@@ -96,8 +98,11 @@ void record_cluster(mx::cu::CommandEncoder& enc, const rmsnorm::KernelCall& c,
   if (err != cudaSuccess)
     throw std::runtime_error(std::string("[mlx_rmsnorm] a cluster launch's graph: ") +
                              cudaGetErrorString(err));
+  struct Destroy {
+    void operator()(cudaGraph_t g) const { cudaGraphDestroy(g); }
+  };
+  std::unique_ptr<std::remove_pointer_t<cudaGraph_t>, Destroy> owned(child);
   enc.add_graph_node(child, "(K" + std::to_string(c.cluster) + ")", /*is_updatable=*/true);
-  cudaGraphDestroy(child);
 }
 
 void record_backward(mx::cu::CommandEncoder& enc, const mx::Stream& s,
