@@ -167,31 +167,37 @@ static int allow_dynamic_smem(int dev, const void* host_fn) {
   return allowed[key] = dynamic;
 }
 
-int blocks_per_sm(const void* host_fn, int block, unsigned smem) {
-  static std::map<std::tuple<int, const void*, int, unsigned>, int> cache;
-  const int dev = target().device;
+// The answer cached under `key`, computed by f (with cache_mutex held) the
+// first time. Called without the lock: target() takes it too.
+template <typename Key, typename F>
+static int cached(std::map<Key, int>& cache, const Key& key, F&& f) {
   std::lock_guard<std::mutex> lock(cache_mutex);
-  auto key = std::make_tuple(dev, host_fn, block, smem);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  int blocks = 0;
-  if (smem <= static_cast<unsigned>(allow_dynamic_smem(dev, host_fn))) {
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, host_fn, block,
-                                                        smem),
-          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  }
-  return cache[key] = blocks;
+  return cache[key] = f();
+}
+
+using OccupancyKey = std::tuple<int, const void*, int, unsigned>;
+
+int blocks_per_sm(const void* host_fn, int block, unsigned smem) {
+  static std::map<OccupancyKey, int> cache;
+  const int dev = target().device;
+  return cached(cache, OccupancyKey{dev, host_fn, block, smem}, [&] {
+    int blocks = 0;
+    if (smem <= static_cast<unsigned>(allow_dynamic_smem(dev, host_fn))) {
+      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, host_fn, block, smem),
+            "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    }
+    return blocks;
+  });
 }
 
 int clusters_resident(const void* host_fn, int block, unsigned smem) {
-  static std::map<std::tuple<int, const void*, int, unsigned>, int> cache;
+  static std::map<OccupancyKey, int> cache;
   const int dev = target().device;
-  std::lock_guard<std::mutex> lock(cache_mutex);
-  auto key = std::make_tuple(dev, host_fn, block, smem);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  int clusters = 0;
-  if (smem <= static_cast<unsigned>(allow_dynamic_smem(dev, host_fn))) {
+  return cached(cache, OccupancyKey{dev, host_fn, block, smem}, [&] {
+    int clusters = 0;
+    if (smem > static_cast<unsigned>(allow_dynamic_smem(dev, host_fn))) return clusters;
     cudaFuncAttributes attr{};
     check(cudaFuncGetAttributes(&attr, host_fn), "cudaFuncGetAttributes");
     cudaLaunchConfig_t config{};  // one cluster of the kernel's own shape
@@ -202,12 +208,11 @@ int clusters_resident(const void* host_fn, int block, unsigned smem) {
     // A shape this GPU cannot hold at all is "does not fit", not an error.
     if (err == cudaErrorInvalidClusterSize || err == cudaErrorInvalidValue) {
       cudaGetLastError();
-      clusters = 0;
-    } else {
-      check(err, "cudaOccupancyMaxActiveClusters");
+      return 0;
     }
-  }
-  return cache[key] = clusters;
+    check(err, "cudaOccupancyMaxActiveClusters");
+    return clusters;
+  });
 }
 
 KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
