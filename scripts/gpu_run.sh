@@ -248,7 +248,7 @@ run_bench_table() { bench bench-table.log 120 --sections table --repeats 5; }
 run_bench_fused() { bench bench-fused.log 120 --fused --repeats 5; }
 #: the LayerNorm sections
 run_bench_ln() { bench bench-ln.log 150 --sections ln_training,ln_table --repeats 5; }
-#: long rows (N 16384-262144): every op and direction against the copy ceiling, QuACK's figures beside
+#: long rows (N 16384-262144): every op and direction against the copy ceiling and the built-in, QuACK's figures beside
 run_bench_large_n() { bench large-n.log 150 --large-n --repeats 7; }
 
 # the RMSNorm kernels' GPU tests, which the fused add and LayerNorm share code with

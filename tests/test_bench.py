@@ -369,8 +369,9 @@ def test_layer_norm_sections_show_our_rms_norm_beside_ours(tmp_path, capsys):
 
 
 def test_large_n_contenders_compute_what_they_are_named():
-    """bench --large-n: every op and direction against mx.fast's own
-    composition (x + r first for the add ops, mx.vjp for the backward)."""
+    """bench --large-n: every op and direction, ours and the built-in beside
+    it, against mx.fast's own composition (x + r first for the add ops,
+    mx.vjp for the backward)."""
     from mlx_rmsnorm.bench import large_n
 
     dtype = mx.float32
@@ -380,8 +381,10 @@ def test_large_n_contenders_compute_what_they_are_named():
     refs = {"rms_norm": (mx.fast.rms_norm, [w]), "layer_norm": (mx.fast.layer_norm, [w, b])}
     with mx.stream(mx.cpu):
         figs = large_n.contenders(w)
-        assert {(op, d) for op, d, _ in figs} >= {(op, d) for op in large_n.OPS for d in ("fwd", "bwd")}
-        for op, direction, fn in figs:
+        theirs = large_n.builtins(w)
+        every = {(op, d) for op in large_n.OPS for d in ("fwd", "bwd")}
+        assert {(op, d) for op, d, _ in figs} >= every and {(op, d) for op, d, _ in theirs} == every
+        for op, direction, fn in figs + theirs:
             if op.startswith("ceiling"):
                 continue
             norm, params = refs[op.removeprefix("add_")]
@@ -421,6 +424,8 @@ def test_large_n_prints_a_line_per_shape_op_and_direction(tmp_path, capsys):
         rows = json.load(f)["rows"]
     for r in rows:
         assert r["ceiling_us"] > 0 and r["pct_ceiling"] == pytest.approx(100 * r["ceiling_us"] / r["us"])
+        assert r["builtin_us"] > 0 and r["x_builtin_min"] <= r["x_builtin"] <= r["x_builtin_max"]
+    assert all("built-in" in ln for ln in rows_text)
     assert large_n.quack_us((4096, 32768), "rms_norm", "bwd") == 354
     assert large_n.quack_us((8192, 16384), "layer_norm", "fwd") is None  # not measured
     assert large_n.quack_us((4096, 32768), "add_rms_norm", "fwd") is None

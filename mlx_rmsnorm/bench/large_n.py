@@ -14,7 +14,9 @@ must move at the least (weights and their gradients left out):
 
 "ours" is the median of --repeats interleaved rounds of --calls calls in one
 mx.eval (the backward as mx.grad reaches it: mx.vjp of the forward; the add
-ops' backward through add_*_vjp, which is what their vjp runs).
+ops' backward through add_*_vjp, which is what their vjp runs). "built-in"
+is what the program runs without us, timed in the same rounds: mx.fast's
+norm, after MLX's add for the add ops, its backward through mx.vjp.
 """
 
 from __future__ import annotations
@@ -58,11 +60,17 @@ def quack_us(shape, op, direction):
     return None if figures is None or column is None else figures[column]
 
 
+def _bias(w):
+    """A bias in w's dtype, as in a checkpoint."""
+    b = (0.1 * (w - 1)).astype(w.dtype)
+    mx.eval(b)
+    return b
+
+
 def contenders(w):
     """[(op, direction, fn(x, g))] for one shape; x and g double as the
     residual and the second cotangent of the add ops."""
-    b = (0.1 * (w - 1)).astype(w.dtype)  # a bias in w's dtype, as in a checkpoint
-    mx.eval(b)
+    b = _bias(w)
 
     def grad_of(norm, params):
         def f(x, g):
@@ -83,6 +91,32 @@ def contenders(w):
     ]
 
 
+def builtins(w):
+    """[(op, direction, fn(x, g))]: what a program runs without us, on the
+    inputs of ``contenders``: mx.fast's norm (after MLX's add for the add
+    ops, returning (y, h)), its backward through mx.vjp (for the add ops the
+    norm's gx plus g_h = x, the gradient mx.grad gives h = x + r)."""
+    norms = {"rms_norm": (mx.fast.rms_norm, [w]), "layer_norm": (mx.fast.layer_norm, [w, _bias(w)])}
+
+    def fwd(norm, params, add):
+        if add:
+            return lambda x, g: (lambda h: (norm(h, *params, EPS), h))(x + g)
+        return lambda x, g: norm(x, *params, EPS)
+
+    def bwd(norm, params, add):
+        def f(x, g):
+            grads = mx.vjp(lambda h, *p: norm(h, *p, EPS), [x, *params], [g])[1]
+            return [grads[0] + x, *grads[1:]] if add else grads
+        return f
+
+    figs = []
+    for op in OPS:
+        norm, params = norms[op.removeprefix("add_")]
+        add = op.startswith("add_")
+        figs += [(op, "fwd", fwd(norm, params, add)), (op, "bwd", bwd(norm, params, add))]
+    return figs
+
+
 def run_case(shape, dtype, calls, repeats, singles, device):
     """Rows of one shape: every op and direction against the ceiling."""
     m, n = shape
@@ -91,11 +125,13 @@ def run_case(shape, dtype, calls, repeats, singles, device):
     with mx.stream(device):
         sets, w = inputs(shape, dtype, n_sets)
         figs = contenders(w)
-        samples = time_interleaved([f for _, _, f in figs], sets, calls, repeats, singles)
+        theirs = {(op, d): f for op, d, f in builtins(w)}
+        base = [theirs[op, d] for op, d, _ in figs[2:]]  # the built-in of each of ours
+        samples = time_interleaved([f for _, _, f in figs] + base, sets, calls, repeats, singles)
     del sets, w
     mx.clear_cache()
     trim()
-    us = [[1e6 * e for e in samples[i]["many"]] for i in range(len(figs))]
+    us = [[1e6 * e for e in samples[i]["many"]] for i in range(len(figs) + len(base))]
     # The copy rate of each round (bytes per us): the faster of -x and x + g.
     rate = [max(2 * tensor / a, 3 * tensor / c) for a, c in zip(us[0], us[1])]
     rows = []
@@ -104,6 +140,8 @@ def run_case(shape, dtype, calls, repeats, singles, device):
         ceil = [moved / r for r in rate]
         st = stats(us[i])
         pct = [100 * c / u for c, u in zip(ceil, us[i])]
+        theirs_us = us[len(figs) + i - 2]
+        speedup = [t / u for t, u in zip(theirs_us, us[i])]  # per round
         rows.append(dict(
             kind="large_n", op=op, direction=direction, impl="ours", shape=f"{m}x{n}", M=m, N=n,
             dtype=str(dtype).split(".")[-1], bytes=moved, calls=calls, repeats=len(us[i]),
@@ -112,16 +150,20 @@ def run_case(shape, dtype, calls, repeats, singles, device):
             gbs=moved / st["med"] / 1e3, ceiling_us=statistics.median(ceil),
             pct_ceiling=100 * statistics.median(ceil) / st["med"],
             pct_ceiling_min=min(pct), pct_ceiling_max=max(pct),
+            builtin_us=statistics.median(theirs_us), x_builtin=statistics.median(speedup),
+            x_builtin_min=min(speedup), x_builtin_max=max(speedup),
             quack_us=quack_us(shape, op, direction) if dtype == mx.bfloat16 else None,
             samples_us=us[i]))
     return rows
 
 
 def format_row(r):
-    """One line: MxN, the op, the direction, ours, the ceiling, NN%, QuACK."""
+    """One line: MxN, the op, the direction, ours, the ceiling, NN%, the
+    built-in (x: built-in / ours, median of the rounds), QuACK."""
     line = (f"{r['shape']:>12}  {r['op']:<14} {r['direction']:<4} "
             f"ours {spread(r['us'], r['us_min'], r['us_max']):>22} us  "
-            f"ceiling {r['ceiling_us']:7.1f} us  {r['pct_ceiling']:3.0f}%")
+            f"ceiling {r['ceiling_us']:7.1f} us  {r['pct_ceiling']:3.0f}%  "
+            f"built-in {r['builtin_us']:7.1f} us ({r['x_builtin']:4.2f}x)")
     if r.get("quack_us") is not None:
         q = r["quack_us"]
         line += f"  QuACK {q:4d} us (torch, H200; ours/QuACK {r['us'] / q:4.2f})"
@@ -140,7 +182,8 @@ def run(args, device, dtype, shapes):
                     for shape in run_list], args, device)
     print(f"\nlarge N: us per call, median [min-max] of {args.repeats} interleaved repeats of "
           f"{args.calls} calls per eval; ceiling = the copy rate (faster of MLX's -x and x+g, same "
-          "rounds) on the bytes the op must move; NN% = ceiling / ours; QuACK: measured with torch "
+          "rounds) on the bytes the op must move; NN% = ceiling / ours; built-in: mx.fast (after "
+          "MLX's add for the add ops), x = built-in / ours; QuACK: measured with torch "
           "on an H200 (bf16), not in this run")
     for r in rows:
         print(format_row(r))
