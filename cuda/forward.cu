@@ -96,8 +96,8 @@ Plan plan_forward(const FwdArgs& a) {
     constexpr auto rows = std::make_index_sequence<std::size(kForward)>{};
     // The fused add's own row where its x and residual outgrow a 1024-thread
     // row's registers (plans::kForwardAddLong), on GPUs with clusters.
-    const bool add_long = add && row == plans::kForwardAddLongRow &&
-                          detail::target().family >= 90;
+    const bool clusters = detail::target().family >= 90;
+    const bool add_long = add && row == plans::kForwardAddLongRow && clusters;
     const auto& cfg = add_long ? plans::kForwardAddLong : kForward[row];
     if (cfg.cluster > 1) {
       // A row a cluster (sm_90 on): a block per slice, a cluster per row.
@@ -107,8 +107,7 @@ Plan plan_forward(const FwdArgs& a) {
                                     1, false, plans::kForwardAddLong.cluster, AddRmsRow>()
           : add    ? rows_kernel<X, O, true, false>(row, rows)
                    : rows_kernel<X, O, false, false>(row, rows);
-      if (detail::target().family < 90 ||
-          detail::clusters_resident(fn, cfg.block, 0) == 0)
+      if (!clusters || detail::clusters_resident(fn, cfg.block, 0) == 0)
         return looped(std::integral_constant<int, full>{});
       const int64_t grid =
           std::min<int64_t>(a.rows, std::numeric_limits<int32_t>::max() / cfg.cluster);

@@ -196,14 +196,14 @@ int clusters_resident(const void* host_fn, int block, unsigned smem) {
   static std::map<OccupancyKey, int> cache;
   const int dev = target().device;
   return cached(cache, OccupancyKey{dev, host_fn, block, smem}, [&] {
-    int clusters = 0;
-    if (smem > static_cast<unsigned>(allow_dynamic_smem(dev, host_fn))) return clusters;
+    if (smem > static_cast<unsigned>(allow_dynamic_smem(dev, host_fn))) return 0;
     cudaFuncAttributes attr{};
     check(cudaFuncGetAttributes(&attr, host_fn), "cudaFuncGetAttributes");
     cudaLaunchConfig_t config{};  // one cluster of the kernel's own shape
     config.gridDim = dim3(attr.requiredClusterWidth > 0 ? attr.requiredClusterWidth : 1);
     config.blockDim = dim3(block);
     config.dynamicSmemBytes = smem;
+    int clusters = 0;
     const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, host_fn, &config);
     // A shape this GPU cannot hold at all is "does not fit", not an error.
     if (err == cudaErrorInvalidClusterSize || err == cudaErrorInvalidValue) {

@@ -131,7 +131,8 @@ inline constexpr RowPlan kBackwardSm90[] = {
     upto(16384).block(512).group(512).chunks(4).stages(2).cluster(8),
 };
 // Families 80 and 75 (A100, A10, RTX 30xx/40xx, L4, T4): the same rows with
-// per-thread copies, up to N = 16384 (no clusters before sm_90). Not tuned on those GPUs, measured as PTX on the H200.
+// per-thread copies, up to N = 16384 (no clusters before sm_90). Not tuned on
+// those GPUs, measured as PTX on the H200.
 // Rows whose stages exceed a GPU's shared memory (sm_75: 64 KiB a block,
 // sm_86/sm_120: 99 KiB) get no resident block there, and the planner falls
 // back to the split plan.

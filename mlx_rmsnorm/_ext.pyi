@@ -112,10 +112,10 @@ def _route(device_kind: Literal["cpu", "gpu"], has_kernels: bool, route_cpu: boo
     ``_set_route_cpu(route_cpu)``. This build has kernels for ``"cpu"``
     always and for ``"gpu"`` when ``has_cuda_kernels``."""
 
-def _backward_kernels(rows: int, n: int, x_dtype: str, g_dtype: Optional[str] = None, add: bool = False) -> list[tuple[str, int]]:
+def _backward_kernels(rows: int, n: int, x_dtype: mx.Dtype, g_dtype: Optional[mx.Dtype] = None, add: bool = False) -> list[tuple[str, int]]:
     """The kernels the RMSNorm backward (``add``: add_rms_norm's) of ``rows`` x
-    ``n`` would launch on the current GPU, planned without data (dtypes by
-    name): ``[(name, cluster blocks), ...]``; empty without CUDA kernels."""
+    ``n`` would launch on the current GPU, planned without data:
+    ``[(name, cluster blocks), ...]``; empty without CUDA kernels."""
     ...
 
 def _op_counts() -> dict[str, int]:

@@ -234,8 +234,8 @@ def test_small_grids_after_long_rows():
              ((64, 32768), mx.float32), ((1, 8192), mx.bfloat16)]
     if mlx_rmsnorm.gpu_family() >= 90:
         # the order above is the failure's only where the long rows are clusters
-        assert _ext._backward_kernels(256, 32768, "bfloat16")[0] == ("bwd_persistent_cluster", 2)
-        assert _ext._backward_kernels(5, 32, "float32")[0] == ("bwd_persistent", 1)
+        assert _ext._backward_kernels(256, 32768, mx.bfloat16)[0] == ("bwd_persistent_cluster", 2)
+        assert _ext._backward_kernels(5, 32, mx.float32)[0] == ("bwd_persistent", 1)
     for i, (shape, dtype) in enumerate(cases + cases):
         x, w, g = inputs(shape, 40 + 3 * i, dtype)
         check_against_float64(x, w, g, run(x, w, g), TOL[dtype], 2 * TOL[dtype], shape)

@@ -16,6 +16,7 @@ import mlx.core as mx
 import pytest
 
 from conftest import graph_text
+import mlx_rmsnorm
 from mlx_rmsnorm import _ext
 
 KEYS = {"RMSNormPlugin", "AddRMSNormPlugin", "LayerNormPlugin", "AddLayerNormPlugin",
@@ -119,3 +120,16 @@ def test_export_trace_counts_builtin():
         finally:
             _ext._set_export_tracing(was)
     assert c["builtin_rms_norm"] >= 1 and c["AddRMSNormPlugin"] == 0
+
+
+def test_backward_kernels_takes_mlx_dtypes():
+    """_ext._backward_kernels (the GPU tests' view of the backward's plan)
+    takes MLX dtypes; a build without CUDA kernels plans nothing."""
+    out = _ext._backward_kernels(4, 64, mx.bfloat16, mx.float32, add=True)
+    if mlx_rmsnorm.has_cuda_kernels():
+        assert out and all(isinstance(name, str) and cluster >= 1 for name, cluster in out)
+    else:
+        assert out == []
+    with pytest.raises(TypeError):
+        _ext._backward_kernels(4, 64, "bfloat16")
+

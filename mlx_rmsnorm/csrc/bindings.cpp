@@ -10,7 +10,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <stdexcept>
 #include <map>
 
 #include "mlx/fast.h"
@@ -19,7 +18,8 @@
 #ifdef MLX_RMSNORM_CUDA
 #include <cuda_runtime.h>
 
-#include "rmsnorm.h"  // cuda/: device_family
+#include "gpu_util.h"  // kernel_dtype
+#include "rmsnorm.h"   // cuda/: device_family
 #endif
 #include "op_util.h"
 #include "ops.h"
@@ -30,16 +30,6 @@ using namespace nb::literals;
 namespace mx = mlx::core;
 
 namespace {
-
-#ifdef MLX_RMSNORM_CUDA
-rmsnorm::DType kernel_dtype(const std::string& name) {
-  if (name == "float32") return rmsnorm::DType::F32;
-  if (name == "float16") return rmsnorm::DType::F16;
-  if (name == "bfloat16") return rmsnorm::DType::BF16;
-  throw std::invalid_argument("[mlx_rmsnorm] the kernels take float32, float16 or bfloat16, not " +
-                              name);
-}
-#endif
 
 // Whether patch()'s routed functions run the plugin on CPU streams too
 // (routing.h says why they do not by default). The tests turn it on to run
@@ -400,8 +390,7 @@ NB_MODULE(_ext, m) {
 
   m.def(
       "_backward_kernels",
-      [](int64_t rows, int n, const std::string& x_dtype,
-         const std::optional<std::string>& g_dtype, bool add) {
+      [](int64_t rows, int n, mx::Dtype x_dtype, std::optional<mx::Dtype> g_dtype, bool add) {
         std::vector<std::pair<std::string, int>> out;
 #ifdef MLX_RMSNORM_CUDA
         // Planned without data: aligned stand-in addresses, never read.
@@ -412,8 +401,8 @@ NB_MODULE(_ext, m) {
         a.gh = add ? p : nullptr;
         a.rows = rows;
         a.n = n;
-        a.x_dtype = a.w_dtype = kernel_dtype(x_dtype);
-        a.g_dtype = kernel_dtype(g_dtype.value_or(x_dtype));
+        a.x_dtype = a.w_dtype = mlx_rmsnorm::gpu::kernel_dtype(x_dtype);
+        a.g_dtype = mlx_rmsnorm::gpu::kernel_dtype(g_dtype.value_or(x_dtype));
         for (const auto& c : rmsnorm::plan_backward(a, rmsnorm::Algorithm::Auto).calls)
           out.emplace_back(c.name, c.cluster);
 #endif
@@ -422,8 +411,8 @@ NB_MODULE(_ext, m) {
       "rows"_a, "n"_a, "x_dtype"_a, "g_dtype"_a = nb::none(), "add"_a = false,
       R"(The kernels the RMSNorm backward (``add``: add_rms_norm's) of ``rows`` x
         ``n`` would launch on the current GPU, planned without data, with a
-        weight and gw wanted; dtypes by name (``"bfloat16"``; ``g_dtype``
-        defaults to ``x_dtype``): ``[(name, cluster blocks), ...]``. Empty in a
+        weight and gw wanted (``g_dtype`` defaults to ``x_dtype``):
+        ``[(name, cluster blocks), ...]``. Empty in a
         build without CUDA kernels. Tests and the benchmark only.)");
 
   // Tests only: the GPU path of layer_norm for rows that are not a whole
