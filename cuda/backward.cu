@@ -20,8 +20,8 @@ template <typename X, typename G, bool ADD, const auto& Table, std::size_t... I>
 const void* persistent_kernel(int row, std::index_sequence<I...>) {
   static const void* const kernels[] = {
       persistent_kernel_for<X, G, Table[I].block, Table[I].group, Table[I].chunks,
-                            Table[I].stages, Table[I].bulk, Table[I].cluster,
-                            std::conditional_t<ADD, AddRmsRow, RmsRow>>()...};
+                            Table[I].stages, Table[I].bulk, Table[I].min_blocks,
+                            Table[I].cluster, std::conditional_t<ADD, AddRmsRow, RmsRow>>()...};
   return kernels[row];
 }
 

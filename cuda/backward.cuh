@@ -43,6 +43,8 @@ namespace rmsnorm {
 // own region of the scratch (region p at partials + p * units * n) and summed
 // by colsum. A row's group is a sub-warp, the block, or (LayerRow's float4
 // sums only: common.cuh group_sum) a run of whole warps, several rows a step.
+// A shifted row (LayerRow) in a cluster takes its shift from the row's first
+// vector, which thread 0 of every block stages beside its slice (first_x).
 template <typename Row, typename X, typename G, int BLOCK, int GROUP, int CHUNKS,
           int STAGES, bool BULK, int CLUSTER>
 __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
@@ -60,11 +62,8 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   constexpr bool kBulk = BULK && arch::kBulkCopy;
   static_assert(!BULK || STAGES >= 2, "the bulk pipeline refills mid-step");
   static_assert(CLUSTER == 1 || ROWS == 1, "a cluster splits one row a step");
-  // LayerRow's one-reduction sums (float4, a shift per row) and its weight in
-  // shared memory are for whole rows in one block.
-  static_assert(CLUSTER == 1 || (!Row::kShift && !Row::kWShared &&
-                                 std::is_same_v<typename Row::Sums, float2>),
-                "cluster sums are float2, of unshifted terms");
+  constexpr bool kClusterShift = CLUSTER > 1 && Row::kShift;
+  static_assert(!kClusterShift || !BULK, "the row's first vector is a per-thread copy");
   using Sums = typename Row::Sums;
   constexpr bool kWShared = Row::kWShared;
   using XV = Vec<X, VEC>;
@@ -83,7 +82,8 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ Sums red[32];
   __shared__ unsigned long long landed[STAGES];  // kBulk: one mbarrier a stage
-  __shared__ float2 slice_sums[2];  // CLUSTER: this block's sums, by step parity
+  __shared__ Sums slice_sums[2];  // CLUSTER: this block's sums, by step parity
+  __shared__ XV first_x[kClusterShift ? STAGES : 1];  // kClusterShift: by stage
   const size_t stage_bytes =
       (size_t)ROWS * nvec * (sizeof(XV) + sizeof(GV) + (kExtra ? sizeof(XV) : 0));
   auto stage_x = [&](int s, int row) {
@@ -139,6 +139,10 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
           copy_async(&stage_g(s, r)[v], &gr[v]);
           if constexpr (kExtra) copy_async(&stage_e(s, r)[v], &er[v]);
         }
+      }
+      if constexpr (kClusterShift) {
+        if (threadIdx.x == 0)
+          copy_async(&first_x[s], reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + row * n));
       }
     }
   };
@@ -231,10 +235,11 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
         if (lane == 0) k = vec_mean(sx[0]);
         st.shift = __shfl_sync(0xffffffffu, k, 0, GROUP < 32 ? GROUP : 32);
       } else {
-        // Per-thread copies: thread 0 staged it; its copies are complete
-        // (its pipeline wait), and visible to the block after a barrier.
+        // Per-thread copies: thread 0 staged it (in a cluster: first_x);
+        // its copies are complete (its pipeline wait), and visible to the
+        // block after a barrier.
         if constexpr (!kBulk) __syncthreads();
-        st.shift = vec_mean(sx[0]);
+        st.shift = vec_mean(kClusterShift ? first_x[s] : sx[0]);
       }
     }
     auto pass_sums = [&](auto pass_index) {
@@ -355,9 +360,9 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   }
 }
 
-// The kernels. The cluster variant (rows past one SM's shared memory) is
-// launched by the standalone tuner only; plans.h says why MLX does not get
-// it yet.
+// The kernels: bwd_persistent; a row a cluster (rows past one SM's shared
+// memory, sm_90 on) bwd_persistent_cluster; with a register cap
+// bwd_persistent_capped.
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool BULK, typename Row = RmsRow>
 __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
@@ -380,25 +385,15 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) bwd_persistent_capped(const
   persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1>(a);
 }
 
-// The host stub of the persistent kernel for one launch plan.
+// The host stub of a backward plan row (plans.h) with policy Row.
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK, int CLUSTER, typename Row = RmsRow>
+          bool BULK, int MIN_BLOCKS, int CLUSTER, typename Row>
 const void* persistent_kernel_for() {
+  static_assert(CLUSTER == 1 || MIN_BLOCKS == 0, "cluster rows take no register cap");
   if constexpr (CLUSTER > 1) {
     return reinterpret_cast<const void*>(
         &bwd_persistent_cluster<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER, Row>);
-  } else {
-    return reinterpret_cast<const void*>(
-        &bwd_persistent<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, Row>);
-  }
-}
-
-// The host stub of a LayerNorm plan row's walk (no cluster; MIN_BLOCKS > 0:
-// the capped kernel).
-template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK, int MIN_BLOCKS, typename Row>
-const void* layer_kernel_for() {
-  if constexpr (MIN_BLOCKS > 0) {
+  } else if constexpr (MIN_BLOCKS > 0) {
     return reinterpret_cast<const void*>(
         &bwd_persistent_capped<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, MIN_BLOCKS, Row>);
   } else {

@@ -327,6 +327,12 @@ template <>
 __device__ __forceinline__ float4 zero_sums<float4>() {
   return make_float4(0.f, 0.f, 0.f, 0.f);
 }
+__device__ __forceinline__ float2 sums_plus(float2 a, float2 b) {
+  return make_float2(a.x + b.x, a.y + b.y);
+}
+__device__ __forceinline__ float4 sums_plus(float4 a, float4 b) {
+  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
 
 // The mean of one vector's elements (LayerRow's shift: row_math.cuh).
 template <typename T, int VEC>
@@ -337,7 +343,7 @@ __device__ __forceinline__ float vec_mean(const Vec<T, VEC>& v) {
   return s * (1.f / VEC);
 }
 
-// Thread-block clusters (sm_90 on; the tuner's cluster kernel only). Every
+// Thread-block clusters (sm_90 on: the rows past one SM). Every
 // thread of every block of the cluster must call these, the same number of
 // times. Older families have no clusters: a trap, as for the bulk copies.
 __device__ __forceinline__ void cluster_barrier() {
@@ -348,29 +354,25 @@ __device__ __forceinline__ void cluster_barrier() {
 #endif
 }
 
-// Adds the block-wide sums `v` of the CLUSTER blocks of a cluster, in rank
-// order (every block gets the same bits). `slots` is a pair in this block's
-// shared memory; the step's parity picks one, so a block may write step
-// t + 1's sums while a slower block still reads step t's: the barrier of step
-// t + 1 keeps it from reaching step t + 2's write before that read is done.
-template <int CLUSTER>
-__device__ __forceinline__ float2 cluster_sum(float2 v, float2* slots,
-                                              int64_t step) {
+// Adds the block-wide sums `v` (float2 or float4) of the CLUSTER blocks of a
+// cluster, in rank order (every block gets the same bits). `slots` is a pair
+// in this block's shared memory; the step's parity picks one, so a block may
+// write step t + 1's sums while a slower block still reads step t's: the
+// barrier of step t + 1 keeps it from reaching step t + 2's write before that
+// read is done.
+template <int CLUSTER, typename S>
+__device__ __forceinline__ S cluster_sum(S v, S* slots, int64_t step) {
 #if __CUDA_ARCH__ < 900
   __trap();
   return v;
 #else
   auto cluster = cooperative_groups::this_cluster();
-  float2* slot = slots + (step & 1);
+  S* slot = slots + (step & 1);
   if (threadIdx.x == 0) *slot = v;
   cluster.sync();
-  float2 total = make_float2(0.f, 0.f);
+  S total = zero_sums<S>();
 #pragma unroll
-  for (int q = 0; q < CLUSTER; ++q) {
-    const float2 part = *cluster.map_shared_rank(slot, q);
-    total.x += part.x;
-    total.y += part.y;
-  }
+  for (int q = 0; q < CLUSTER; ++q) total = sums_plus(total, *cluster.map_shared_rank(slot, q));
   return total;
 #endif
 }

@@ -32,8 +32,17 @@ const void* rows_kernel(int row, std::index_sequence<I...>) {
                      kForward[I].stages,
                      kForward[I].persistent || (W_FIRST && kForward[I].block <= 512 &&
                                                 kForward[I].cluster == 1),
-                     kForward[I].cluster, std::conditional_t<ADD, AddRmsRow, RmsRow>>()...};
+                     kForward[I].min_blocks, kForward[I].cluster,
+                     std::conditional_t<ADD, AddRmsRow, RmsRow>>()...};
   return kernels[row];
+}
+
+// The fused add's long row (plans::kForwardAddLong) with policy Row.
+template <typename X, typename O, typename Row>
+const void* add_long_kernel() {
+  constexpr const plans::RowPlan& c = plans::kForwardAddLong;
+  return fwd_kernel_for<X, O, c.block, c.group, c.chunks, c.stages, c.persistent, 0, c.cluster,
+                        Row>();
 }
 
 // The one-wave rows (plans::kForwardOneWave): w read beside x, in registers.
@@ -97,16 +106,13 @@ Plan plan_forward(const FwdArgs& a) {
     // The fused add's own row where its x and residual outgrow a 1024-thread
     // row's registers (plans::kForwardAddLong), on GPUs with clusters.
     const bool clusters = detail::target().family >= 90;
-    const bool add_long = add && row == plans::kForwardAddLongRow && clusters;
+    const bool add_long = add && clusters && plans::add_long(kForward[row]);
     const auto& cfg = add_long ? plans::kForwardAddLong : kForward[row];
     if (cfg.cluster > 1) {
       // A row a cluster (sm_90 on): a block per slice, a cluster per row.
-      const void* fn =
-          add_long ? fwd_kernel_for<X, O, plans::kForwardAddLong.block,
-                                    plans::kForwardAddLong.group, plans::kForwardAddLong.chunks,
-                                    1, false, plans::kForwardAddLong.cluster, AddRmsRow>()
-          : add    ? rows_kernel<X, O, true, false>(row, rows)
-                   : rows_kernel<X, O, false, false>(row, rows);
+      const void* fn = add_long ? add_long_kernel<X, O, AddRmsRow>()
+                       : add    ? rows_kernel<X, O, true, false>(row, rows)
+                                : rows_kernel<X, O, false, false>(row, rows);
       if (!clusters || detail::clusters_resident(fn, cfg.block, 0) == 0)
         return looped(std::integral_constant<int, full>{});
       const int64_t grid =

@@ -47,8 +47,10 @@ template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool PERSISTENT, typename Row, bool W_AS_X = false, int CLUSTER = 1>
 __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   static_assert(!(W_AS_X && PERSISTENT), "the persistent rows keep fp32 w in registers");
-  static_assert(CLUSTER == 1 || (GROUP == BLOCK && !Row::kShift && Row::kFwdPasses == 1),
-                "a cluster takes one row a step, of one unshifted sum");
+  // A shifted row (LayerRow) takes its shift from the row's first vector in
+  // global memory (kFirst, below), so every block of a cluster has the same.
+  static_assert(CLUSTER == 1 || (GROUP == BLOCK && GROUP > 32 && Row::kFwdPasses == 1),
+                "a cluster takes one row a step, of one sum");
   static_assert(STAGES == 1 || STAGES == 2, "one row, or one more loading");
   // Extra streams (AddRmsRow): the residual is loaded beside x, the row
   // value row_in(x, residual) replaces x in registers, and it is written to
@@ -240,8 +242,9 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   if constexpr (CLUSTER > 1) cluster_barrier();
 }
 
-// The kernels: fwd_rows, and with a register cap (at least MIN_BLOCKS blocks
-// a SM: LayerNorm's rows, plans.h) fwd_rows_capped.
+// The kernels: fwd_rows; with a register cap (at least MIN_BLOCKS blocks a
+// SM: LayerNorm's rows, plans.h) fwd_rows_capped; a row a cluster (CLUSTER
+// blocks, sm_90 on) fwd_rows_cluster.
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool PERSISTENT, typename Row = RmsRow, bool W_AS_X = false>
 __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
@@ -255,30 +258,21 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) fwd_rows_capped(const FwdAr
 }
 
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT, int CLUSTER, typename Row>
+          bool PERSISTENT, int CLUSTER, typename Row, bool W_AS_X>
 __global__ void RMSNORM_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK)
     fwd_rows_cluster(const FwdArgs a) {
-  fwd_rows_body<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row, false, CLUSTER>(a);
+  fwd_rows_body<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row, W_AS_X, CLUSTER>(a);
 }
 
-// The host stub of an RMSNorm forward row (CLUSTER > 1: a row a cluster).
+// The host stub of a forward plan row (plans.h) with policy Row.
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT, int CLUSTER, typename Row>
+          bool PERSISTENT, int MIN_BLOCKS, int CLUSTER, typename Row, bool W_AS_X = false>
 const void* fwd_kernel_for() {
+  static_assert(CLUSTER == 1 || MIN_BLOCKS == 0, "cluster rows take no register cap");
   if constexpr (CLUSTER > 1) {
     return reinterpret_cast<const void*>(
-        &fwd_rows_cluster<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, CLUSTER, Row>);
-  } else {
-    return reinterpret_cast<const void*>(
-        &fwd_rows<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row>);
-  }
-}
-
-// The host stub of a LayerNorm forward row (MIN_BLOCKS > 0: capped).
-template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT, int MIN_BLOCKS, typename Row, bool W_AS_X = false>
-const void* layer_fwd_kernel_for() {
-  if constexpr (MIN_BLOCKS > 0) {
+        &fwd_rows_cluster<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, CLUSTER, Row, W_AS_X>);
+  } else if constexpr (MIN_BLOCKS > 0) {
     return reinterpret_cast<const void*>(
         &fwd_rows_capped<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, MIN_BLOCKS, Row, W_AS_X>);
   } else {

@@ -1,8 +1,9 @@
 // LayerNorm planners: fwd_rows and the persistent walk with LayerRow
-// (row_math.cuh), rows from plans.h's kLayer* tables, then one column sum of
-// the gw and gb partials. No fallback kernels of our own: rows no table
-// covers go to mx.fast.layer_norm, decided by the op before the graph is
-// built (layer_norm_planned).
+// (row_math.cuh), rows from plans.h's kLayer* tables (past one SM, a row a
+// thread-block cluster on sm_90), then one column sum of the gw and gb
+// partials. No fallback kernels of our own: rows no table covers go to
+// mx.fast.layer_norm, decided by the op before the graph is built
+// (layer_norm_planned).
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -25,18 +26,47 @@ using plans::kLayerForward;
 // Row: LayerRow, or AddLayerRow for the fused residual add (FwdArgs::residual
 // set), on the same table rows. The add's row holds the residual beside x:
 // under the plain row's register cap it spilled 190-330 bytes a thread
-// (ptxas, sm_90, bf16), so it runs uncapped.
+// (ptxas, sm_90, bf16), so it runs uncapped; where the table's row is the
+// 1024-thread one, sm_90 runs plans::kForwardAddLong instead (as RMSNorm's).
 // W_AS_X: w and b read in x's dtype (fwd_rows_body), on the rows that read
 // them per step; the persistent rows keep them in fp32 registers either way.
 template <typename X, typename O, typename Row, bool W_AS_X, std::size_t... I>
 const void* forward_kernel(int row, std::index_sequence<I...>) {
   constexpr bool kAdd = Row::kExtraIn > 0;
-  static const void* const kernels[] = {layer_fwd_kernel_for<
+  static const void* const kernels[] = {fwd_kernel_for<
       X, O, kLayerForward[I].block, kLayerForward[I].group, kLayerForward[I].chunks,
       kLayerForward[I].stages, kLayerForward[I].persistent,
-      kAdd ? 0 : kLayerForward[I].min_blocks, Row,
+      kAdd ? 0 : kLayerForward[I].min_blocks, kLayerForward[I].cluster, Row,
       W_AS_X && !kLayerForward[I].persistent>()...};
   return kernels[row];
+}
+
+// The forward's plan row and kernel for rows of n (the general read of w and
+// b unless `w_as_x`), or nulls where LayerNorm has none: past the table, and
+// cluster rows where the GPU has no clusters or none fits.
+template <typename X, typename O>
+std::pair<const plans::RowPlan*, const void*> forward_row(int n, bool add, bool w_as_x) {
+  constexpr int full = 16 / sizeof(X);
+  const int row = n % full == 0 ? detail::table_row(kLayerForward, n / full) : -1;
+  if (row < 0) return {nullptr, nullptr};
+  const bool clusters = detail::target().family >= 90;
+  if (add && clusters && plans::add_long(kLayerForward[row])) {
+    constexpr const plans::RowPlan& c = plans::kForwardAddLong;
+    const void* fn = fwd_kernel_for<X, O, c.block, c.group, c.chunks, c.stages, c.persistent, 0,
+                                    c.cluster, AddLayerRow>();
+    if (detail::clusters_resident(fn, c.block, 0) == 0) return {nullptr, nullptr};
+    return {&c, fn};
+  }
+  const auto& cfg = kLayerForward[row];
+  if (cfg.cluster > 1 && !clusters) return {nullptr, nullptr};
+  constexpr auto rows = std::make_index_sequence<std::size(kLayerForward)>{};
+  const void* fn = add ? (w_as_x ? forward_kernel<X, O, AddLayerRow, true>(row, rows)
+                                 : forward_kernel<X, O, AddLayerRow, false>(row, rows))
+                       : (w_as_x ? forward_kernel<X, O, LayerRow, true>(row, rows)
+                                 : forward_kernel<X, O, LayerRow, false>(row, rows));
+  if (cfg.cluster > 1 && detail::clusters_resident(fn, cfg.block, 0) == 0)
+    return {nullptr, nullptr};
+  return {&cfg, fn};
 }
 
 // Whether w and b can be read as x (see W_AS_X): both given, in x's dtype,
@@ -48,10 +78,9 @@ bool weights_as_x(const FwdArgs& a) {
 
 template <typename X, typename G, typename Row, const auto& Table, std::size_t... I>
 const void* backward_kernel(int row, std::index_sequence<I...>) {
-  static_assert(((Table[I].cluster == 1) && ...), "LayerNorm rows have no clusters (plans.h)");
-  static const void* const kernels[] = {
-      layer_kernel_for<X, G, Table[I].block, Table[I].group, Table[I].chunks, Table[I].stages,
-                       Table[I].bulk, Table[I].min_blocks, Row>()...};
+  static const void* const kernels[] = {persistent_kernel_for<
+      X, G, Table[I].block, Table[I].group, Table[I].chunks, Table[I].stages, Table[I].bulk,
+      Table[I].min_blocks, Table[I].cluster, Row>()...};
   return kernels[row];
 }
 
@@ -79,13 +108,13 @@ KernelCall column_sum(int n, const char* name) {
                                        : call(std::integral_constant<int, 32>{});
 }
 
-// The persistent kernel, its dynamic shared memory and resident blocks a SM
-// for rows of n; occupancy 0 when there is none.
+// The persistent kernel, its dynamic shared memory and the units (blocks,
+// or clusters of cfg->cluster blocks) the whole GPU holds; none when 0.
 struct BackwardChoice {
   const plans::RowPlan* cfg = nullptr;
   const void* fn = nullptr;
   std::size_t smem = 0;
-  int occupancy = 0;
+  int units = 0;
 };
 
 // ADD: the fused residual add's backward (AddLayerRow: g_h staged beside x
@@ -98,15 +127,19 @@ BackwardChoice choose_backward(int n) {
   BackwardChoice c;
   if (n % full != 0) return c;
   const int nvec = n / full;
-  const bool sm90 = detail::target().family >= 90;
+  const detail::Target& target = detail::target();
+  const bool sm90 = target.family >= 90;
   const int g_per_x = static_cast<int>(sizeof(G) / sizeof(X)) + (ADD ? 1 : 0);
   auto fit = [&](auto row, bool w_shared) {
     std::tie(c.cfg, c.fn) = row;
     if (c.cfg == nullptr) return false;
+    const int slice = static_cast<int>(detail::ceil_div(nvec, c.cfg->cluster));
     c.smem = plans::persistent_smem(*c.cfg, nvec, g_per_x) +
-             (w_shared ? sizeof(float) * n : 0);  // the fp32 weight
-    c.occupancy = detail::blocks_per_sm(c.fn, c.cfg->block, c.smem);
-    return c.occupancy > 0;
+             (w_shared ? sizeof(float) * full * slice : 0);  // the slice's fp32 weight
+    c.units = c.cfg->cluster > 1
+                  ? detail::clusters_resident(c.fn, c.cfg->block, c.smem)
+                  : target.sms * detail::blocks_per_sm(c.fn, c.cfg->block, c.smem);
+    return c.units > 0;
   };
   static_assert(Row::kWShared && !RowWRegs::kWShared);
   if (fit(sm90 ? row_of<X, G, Row, plans::kLayerBackwardSm90>(nvec)
@@ -133,9 +166,8 @@ bool layer_norm_planned(DType x_dtype, DType g_dtype, int n, bool add) {
   detail::with_types(x_dtype, g_dtype, [&](auto tx, auto tg) {
     using X = typename decltype(tx)::type;
     using G = typename decltype(tg)::type;
-    constexpr int full = 16 / sizeof(X);
-    ok = n % full == 0 && detail::table_row(kLayerForward, n / full) >= 0 &&
-         (add ? choose_backward<X, G, true>(n) : choose_backward<X, G, false>(n)).occupancy > 0;
+    ok = forward_row<X, G>(n, add, false).first != nullptr &&
+         (add ? choose_backward<X, G, true>(n) : choose_backward<X, G, false>(n)).units > 0;
   });
   return ok;
 }
@@ -150,23 +182,25 @@ Plan plan_layer_forward(const FwdArgs& a) {
   detail::with_types(a.x_dtype, a.y_dtype, [&](auto tx, auto to) {
     using X = typename decltype(tx)::type;
     using O = typename decltype(to)::type;
-    constexpr int full = 16 / sizeof(X);
-    const int row = detail::table_row(kLayerForward, a.n / full);
-    if (vec != full || row < 0) no_plan("forward", a.n);
-    const auto& cfg = kLayerForward[row];
-    constexpr auto rows = std::make_index_sequence<std::size(kLayerForward)>{};
-    const bool wx = weights_as_x(a);
-    const void* fn = add ? (wx ? forward_kernel<X, O, AddLayerRow, true>(row, rows)
-                               : forward_kernel<X, O, AddLayerRow, false>(row, rows))
-                         : (wx ? forward_kernel<X, O, LayerRow, true>(row, rows)
-                               : forward_kernel<X, O, LayerRow, false>(row, rows));
-    int64_t grid = std::min<int64_t>(ceil_div(a.rows, cfg.block / cfg.group),
+    const auto [cfg, fn] = forward_row<X, O>(a.n, add, weights_as_x(a));
+    if (vec != 16 / static_cast<int>(sizeof(X)) || cfg == nullptr) no_plan("forward", a.n);
+    if (cfg->cluster > 1) {
+      // A row a cluster: a block per slice, a cluster per row.
+      const int64_t grid =
+          std::min<int64_t>(a.rows, std::numeric_limits<int32_t>::max() / cfg->cluster);
+      KernelCall call = make_call(fn, dim3(grid * cfg->cluster), dim3(cfg->block), 0,
+                                  "layer_fwd_rows_cluster");
+      call.cluster = cfg->cluster;
+      p.calls.push_back(call);
+      return;
+    }
+    int64_t grid = std::min<int64_t>(ceil_div(a.rows, cfg->block / cfg->group),
                                      std::numeric_limits<int32_t>::max());
-    if (cfg.persistent) {
-      const int occ = detail::blocks_per_sm(fn, cfg.block, 0);
+    if (cfg->persistent) {
+      const int occ = detail::blocks_per_sm(fn, cfg->block, 0);
       grid = std::min<int64_t>(grid, int64_t(detail::sm_count()) * std::max(occ, 1));
     }
-    p.calls.push_back(make_call(fn, dim3(grid), dim3(cfg.block), 0, "layer_fwd_rows"));
+    p.calls.push_back(make_call(fn, dim3(grid), dim3(cfg->block), 0, "layer_fwd_rows"));
   });
   return p;
 }
@@ -181,19 +215,23 @@ Plan plan_layer_backward(const BwdArgs& a) {
     using G = typename decltype(tg)::type;
     const BackwardChoice c =
         add ? choose_backward<X, G, true>(a.n) : choose_backward<X, G, false>(a.n);
-    if (vec != 16 / static_cast<int>(sizeof(X)) || c.occupancy == 0)
-      no_plan("backward", a.n);
+    if (vec != 16 / static_cast<int>(sizeof(X)) || c.units == 0) no_plan("backward", a.n);
     const int rows_per_step = c.cfg->block / c.cfg->group;
     // Every unit leaves a partial row of gw and one of gb (2 n fp32, written
     // and read back): min_steps keeps each unit's walk at least that long.
+    // (A unit's rows depend on the row alone, never on the grid: a row's gx
+    // has the same bits in any batch.)
     const int64_t grid = std::min<int64_t>(
-        int64_t(detail::sm_count()) * c.occupancy,
-        std::max<int64_t>(std::min<int64_t>(a.rows, 1),
-                          ceil_div(a.rows, rows_per_step) / c.cfg->min_steps));
+        c.units, std::max<int64_t>(std::min<int64_t>(a.rows, 1),
+                                   ceil_div(a.rows, rows_per_step) / c.cfg->min_steps));
     p.algorithm = Algorithm::Persistent;
-    if (grid > 0)
-      p.calls.push_back(make_call(c.fn, dim3(grid), dim3(c.cfg->block), c.smem,
-                                  "layer_bwd_persistent"));
+    if (grid > 0) {
+      KernelCall call = make_call(c.fn, dim3(grid * c.cfg->cluster), dim3(c.cfg->block), c.smem,
+                                  c.cfg->cluster > 1 ? "layer_bwd_persistent_cluster"
+                                                     : "layer_bwd_persistent");
+      call.cluster = c.cfg->cluster;
+      p.calls.push_back(call);
+    }
     // Partials of gw, then of gb, units x n each; only for what is wanted.
     if (a.gw != nullptr || a.gb != nullptr) {
       p.partial_rows = static_cast<int>(grid);

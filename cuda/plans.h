@@ -35,7 +35,7 @@ struct RowPlan {
                    // registers at once
   bool bulk = false;  // backward: a step's rows arrive through the bulk copy
                       // engine (one thread issues them), not per-thread copies
-  int cluster = 1;    // RMSNorm, sm_90 on: blocks of a thread-block cluster
+  int cluster = 1;    // sm_90 on: blocks of a thread-block cluster
                       // that split one row by columns (rows past one SM's
                       // shared memory; recorded into MLX's graph as a child
                       // graph keyed by this shape, gpu_util.cpp record)
@@ -185,9 +185,12 @@ inline constexpr RowPlan kForward[] = {
 // spills in bf16; 4096x32768 took 655 us, 39% of the copy, against 149 us
 // without the add), so the row spans a cluster of two 512 x 4 blocks instead.
 // Elsewhere it keeps kForward's row.
-inline constexpr int kForwardAddLongRow = 12;  // kForward's N <= 32768 row
 inline constexpr RowPlan kForwardAddLong =
     upto(4096).block(512).group(512).chunks(4).persistent(false).cluster(2);
+// Whether a forward table's row is the one kForwardAddLong replaces.
+constexpr bool add_long(const RowPlan& p) {
+  return p.block == 1024 && p.max_nvec == kForwardAddLong.max_nvec;
+}
 
 // Forward, one wave of rows (decode: a token's 1-64 rows, at most one step of
 // rows a SM): one row's latency, not bandwidth, counts. w is loaded beside x
@@ -235,8 +238,13 @@ inline constexpr RowPlan kLayerBackwardSm90[] = {
     upto(1024).block(256).group(256).chunks(4).stages(2).bulk(),
     // N <= 16384: RMSNorm's 512 x 4 (ahead of 1024 x 2)
     kBackwardSm90[10],
+    // N <= 32768 .. 131072: RMSNorm's cluster rows, 512 x 4 slices of 2, 4
+    // and 8 blocks (the shift crosses the cluster as the row's first vector,
+    // persistent_walk); stages and the slice's fp32 weight take 192 KiB in bf16
+    kBackwardSm90[11], kBackwardSm90[12], kBackwardSm90[13],
 };
-// Families 80 and 75: the same rows with per-thread copies (not measured).
+// Families 80 and 75: the same rows with per-thread copies (not measured),
+// without the cluster rows.
 inline constexpr RowPlan kLayerBackwardSm80[] = {
     per_thread_copies(kLayerBackwardSm90[0]),  per_thread_copies(kLayerBackwardSm90[1]),
     per_thread_copies(kLayerBackwardSm90[2]),  per_thread_copies(kLayerBackwardSm90[3]),
@@ -251,6 +259,12 @@ inline constexpr RowPlan kLayerBackwardSm80[] = {
 inline constexpr RowPlan kLayerBackwardWRegsSm90[] = {
     // N <= 16384: 1024 x 2 (64 registers, 32 bytes of stack)
     upto(2048).block(1024).group(1024).chunks(2).stages(2).bulk(),
+    // N <= 32768, 65536 (the fused add, fp32 g): 512 x 2 slices of 4 and 8
+    // blocks, half the stages of the 512 x 4 rows (not tuned)
+    upto(4096).block(512).group(512).chunks(2).stages(2).cluster(4),
+    upto(8192).block(512).group(512).chunks(2).stages(2).cluster(8),
+    // N <= 131072: 512 x 4 slices of 8 (bf16 g only: fp32 g's stages do not fit)
+    kBackwardSm90[13],
 };
 inline constexpr RowPlan kLayerBackwardWRegsSm80[] = {
     per_thread_copies(kLayerBackwardWRegsSm90[0]),
@@ -268,8 +282,11 @@ inline constexpr RowPlan kLayerForward[] = {
     kForward[5], kForward[6], kForward[7], kForward[8], kForward[9], kForward[10],
     // N <= 16384: 512 x 4 capped at 64 registers, 2 blocks a SM (ahead of uncapped)
     upto(2048).block(512).group(512).chunks(4).persistent(false).min_blocks(2),
-    // N <= 32768: RMSNorm's row (not measured)
+    // N <= 32768: RMSNorm's row (not measured); the fused add's is
+    // kForwardAddLong on sm_90
     kForward[12],
+    // N <= 65536, 131072: RMSNorm's cluster rows (sm_90 on; not tuned)
+    kForward[13], kForward[14],
 };
 
 // The fused residual add (add_rms_norm, add_layer_norm) runs the rows above,
@@ -330,29 +347,39 @@ static_assert(complete(kBackwardSm90) && complete(kBackwardSm80) && complete(kFo
               complete(kLayerBackwardSm80) && complete(kLayerBackwardWRegsSm90) &&
               complete(kLayerBackwardWRegsSm80) && complete(kLayerForward));
 // A cluster splits one row a step into slices of whole vectors.
-template <typename T, std::size_t K>
-constexpr bool clusters_split_rows(const T (&table)[K]) {
+constexpr bool splits_one_row(const RowPlan& p) {
+  return p.cluster == 1 ||
+         (p.block == p.group && p.cluster <= 8 && p.max_nvec % p.cluster == 0 &&
+          p.max_nvec / p.cluster <= p.group * p.chunks);
+}
+template <std::size_t K>
+constexpr bool clusters_split_rows(const RowPlan (&table)[K]) {
   for (std::size_t i = 0; i < K; ++i)
-    if (table[i].cluster > 1 && (table[i].block != table[i].group ||
-                                 table[i].cluster > 8 ||
-                                 table[i].max_nvec % table[i].cluster != 0 ||
-                                 table[i].max_nvec / table[i].cluster >
-                                     table[i].group * table[i].chunks))
-      return false;
+    if (!splits_one_row(table[i])) return false;
   return true;
 }
-static_assert(kForward[kForwardAddLongRow].max_nvec == kForwardAddLong.max_nvec &&
-              kForward[kForwardAddLongRow].block == 1024);
-static_assert(clusters_split_rows(kBackwardSm90) && clusters_split_rows(kForward),
+static_assert(clusters_split_rows(kBackwardSm90) && clusters_split_rows(kForward) &&
+                  clusters_split_rows(kLayerBackwardSm90) &&
+                  clusters_split_rows(kLayerBackwardWRegsSm90) &&
+                  clusters_split_rows(kLayerForward) && splits_one_row(kForwardAddLong),
               "a cluster row: a row a step, at most 8 blocks (portable), each slice in one block");
-static_assert(without_clusters(kBackwardSm80) && without_clusters(kLayerBackwardSm90) &&
-                  without_clusters(kLayerBackwardSm80) &&
-                  without_clusters(kLayerBackwardWRegsSm90) &&
+static_assert(without_clusters(kBackwardSm80) && without_clusters(kLayerBackwardSm80) &&
                   without_clusters(kLayerBackwardWRegsSm80) &&
-                  without_clusters(kForwardOneWave) && without_clusters(kLayerForward),
-              "clusters: RMSNorm's rows only (the sm_90 backward table, and the forward's, "
-              "which the planner skips before sm_90); LayerNorm's shifted sums do not cross "
-              "a cluster");
+                  without_clusters(kForwardOneWave),
+              "clusters: the sm_90 backward tables, and the forward's, which the planners "
+              "skip before sm_90");
+// The fused add's forward swaps exactly one row of each forward table, the
+// only 1024-thread one, for kForwardAddLong on sm_90 (forward.cu, layer_norm.cu).
+template <std::size_t K>
+constexpr bool one_add_long(const RowPlan (&table)[K]) {
+  int swapped = 0;
+  for (std::size_t i = 0; i < K; ++i) {
+    if (table[i].block == 1024 && !add_long(table[i])) return false;
+    swapped += add_long(table[i]);
+  }
+  return swapped == 1;
+}
+static_assert(one_add_long(kForward) && one_add_long(kLayerForward));
 static_assert(without(kBackwardSm80, &RowPlan::bulk) &&
                   without(kLayerBackwardSm80, &RowPlan::bulk) &&
                   without(kLayerBackwardWRegsSm80, &RowPlan::bulk),

@@ -846,22 +846,29 @@ def make_xwbg(shape, dtype, with_w, with_b, seed=0):
     return x, w, b, g
 
 
+def planned_nvec():
+    """The longest rows (16-byte vectors) LayerNorm has kernels for: 16384
+    (N = 131072 bf16, 65536 fp32) where rows span thread-block clusters
+    (sm_90 on), 2048 elsewhere."""
+    return 16384 if mlx_rmsnorm.gpu_family() >= 90 else 2048
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU_AVAILABLE, reason="needs MLX CUDA + kernels")
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=str)
 @pytest.mark.parametrize(
     "n,rows",
-    [(n, r) for n in (8, 16, 64, 128, 256, 512, 768, 1024, 1280, 2048, 2560, 4096, 5120, 8192, 16384)
+    [(n, r) for n in (8, 16, 64, 128, 256, 512, 768, 1024, 1280, 2048, 2560, 4096, 5120, 8192, 16384,
+                      24576, 32768, 65536, 131072)
      for r in (1, 3, 257)]
     # many steps a unit: every stage of the pipeline is refilled
-    + [(n, 2048) for n in (64, 128, 1024, 2048, 5120, 8192, 16384)],
+    + [(n, 2048) for n in (64, 128, 1024, 2048, 5120, 8192, 16384)] + [(32768, 600), (131072, 100)],
 )
 def test_gpu_every_plan_row(dtype, n, rows):
     x, w, b, g = make_xwbg((rows, n), dtype, True, True, seed=n + rows)
     with mx.stream(mx.gpu):
         y = mlx_rmsnorm.layer_norm(x, w, b, EPS)
-        # planned: rows of up to 2048 16-byte vectors (N = 16384 bf16, 8192 fp32)
-        planned = n * dtype.size // 16 <= 2048
+        planned = n * dtype.size // 16 <= planned_nvec()
         assert ("LayerNormPlugin" in graph_text(y)) == planned  # (before eval: the graph)
         gx, gw, gb = mlx_rmsnorm.layer_norm_vjp(x, w, b, g, EPS)
         mx.eval(y, gx, gw, gb)
@@ -897,7 +904,7 @@ def test_odd_rows_path_is_exact(combo, dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU_AVAILABLE, reason="needs MLX CUDA + kernels")
 def test_gpu_unplanned_rows_go_to_the_builtin():
-    for n in (100, 32768):
+    for n in (100, 262144):
         x, w, b, g = make_xwbg((4, n), mx.bfloat16, True, True, seed=n)
         with mx.stream(mx.gpu):
             y = mlx_rmsnorm.layer_norm(x, w, b, EPS)
@@ -909,6 +916,30 @@ def test_gpu_unplanned_rows_go_to_the_builtin():
             rgx, rgw, rgb = layer_backward(x, w, g, EPS)
             assert rel_err(gx, rgx) < 2 * TOL[mx.bfloat16]
             assert rel_err(gb, rgb) < TOL[mx.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU_AVAILABLE, reason="needs MLX CUDA + kernels")
+@pytest.mark.parametrize("add", ADD)
+@pytest.mark.parametrize("w_dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("n", [24576, 32768, 65536, 131072])
+def test_gpu_cluster_rows(add, w_dtype, n):
+    """Rows past one SM (sm_90: a row a thread-block cluster, the shift the
+    row's first vector in every block), with and without the add, with bf16
+    and fp32 g (an fp32 weight makes y and g fp32: the rows with the weight
+    in registers), against float64, and ours wherever the tables plan it."""
+    x, r, w, b = make((5, n), mx.bfloat16, True, True, seed=n // 1024, add=add,
+                      w_dtype=DTYPES[w_dtype])
+    # rows of a large mean: a shift that differed between a row's blocks
+    # would show as a wrong variance
+    x = x + 30
+    with mx.stream(mx.gpu):
+        op = (lambda: mlx_rmsnorm.add_layer_norm(x, r, w, b, EPS)[0]) if add else \
+            (lambda: mlx_rmsnorm.layer_norm(x, w, b, EPS))
+        ours = ("AddLayerNormPlugin" if add else "LayerNormPlugin") in graph_text(op())
+    if mlx_rmsnorm.gpu_family() >= 90:
+        assert ours or (add and w_dtype == "float32" and n > 65536)
+    check(mx.gpu, x, r, w, b)
 
 
 @pytest.mark.gpu

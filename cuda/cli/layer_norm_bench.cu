@@ -135,15 +135,15 @@ constexpr RowPlan kFwdNew[] = {
 template <typename Row, const auto& T, std::size_t... I>
 const void* bwd_kernel(int i, std::index_sequence<I...>) {
   static const void* const k[] = {
-      rmsnorm::layer_kernel_for<X, X, T[I].block, T[I].group, T[I].chunks, T[I].stages,
-                                T[I].bulk, T[I].min_blocks, Row>()...};
+      rmsnorm::persistent_kernel_for<X, X, T[I].block, T[I].group, T[I].chunks,
+                                     T[I].stages, T[I].bulk, T[I].min_blocks, 1, Row>()...};
   return k[i];
 }
 template <typename Row, const auto& T, bool W_AS_X, std::size_t... I>
 const void* fwd_kernel(int i, std::index_sequence<I...>) {
   static const void* const k[] = {
-      rmsnorm::layer_fwd_kernel_for<X, X, T[I].block, T[I].group, T[I].chunks, 1, false,
-                                    T[I].min_blocks, Row, W_AS_X>()...};
+      rmsnorm::fwd_kernel_for<X, X, T[I].block, T[I].group, T[I].chunks, 1, false,
+                              T[I].min_blocks, 1, Row, W_AS_X>()...};
   return k[i];
 }
 

@@ -105,7 +105,7 @@ template <std::size_t... I>
 const void* kernel_of(int i, std::index_sequence<I...>) {
   static const void* const kernels[] = {rmsnorm::persistent_kernel_for<
       X, X, kCandidates[I].block, kCandidates[I].group, kCandidates[I].chunks,
-      kCandidates[I].stages, kCandidates[I].bulk, kCandidates[I].cluster>()...};
+      kCandidates[I].stages, kCandidates[I].bulk, 0, kCandidates[I].cluster, rmsnorm::RmsRow>()...};
   return kernels[i];
 }
 

@@ -38,7 +38,7 @@ template <int I>
 Row table_row() {
   constexpr RowPlan p = rmsnorm::plans::kBackwardSm90[I];
   return {p, rmsnorm::persistent_kernel_for<X, X, p.block, p.group, p.chunks, p.stages,
-                                            p.bulk, 1>()};
+                                            p.bulk, 0, 1, rmsnorm::RmsRow>()};
 }
 
 }  // namespace
