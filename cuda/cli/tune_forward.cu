@@ -89,16 +89,54 @@ constexpr RowPlan kCandidates[] = {
     // N = 32768 (4096)
     upto(4096).block(1024).group(1024).chunks(4).persistent(B),
     upto(4096).block(512).group(512).chunks(8).persistent(B),
+    // Rows a thread-block cluster (sm_90). B: a cluster a row, w read after
+    // the reduction; P: w read into registers first, timed with a cluster a
+    // row and with a grid of the resident clusters walking the rows (stages
+    // 2: the next row loading while the sums cross the cluster).
+    upto(4096).block(512).group(512).chunks(4).persistent(B).cluster(2),
+    upto(4096).block(512).group(512).chunks(4).persistent(P).cluster(2),
+    upto(4096).block(512).group(512).chunks(4).stages(2).persistent(P).cluster(2),
+    upto(4096).block(512).group(512).chunks(2).persistent(B).cluster(4),
+    upto(4096).block(256).group(256).chunks(4).persistent(B).cluster(4),
+    // N = 65536 (8192)
+    upto(8192).block(512).group(512).chunks(4).persistent(B).cluster(4),
+    upto(8192).block(512).group(512).chunks(4).persistent(P).cluster(4),
+    upto(8192).block(512).group(512).chunks(4).stages(2).persistent(P).cluster(4),
+    upto(8192).block(512).group(512).chunks(4).stages(2).persistent(B).cluster(4),
+    upto(8192).block(512).group(512).chunks(2).persistent(B).cluster(8),
+    upto(8192).block(512).group(512).chunks(2).stages(2).persistent(P).cluster(8),
+    upto(8192).block(256).group(256).chunks(4).persistent(B).cluster(8),
+    upto(8192).block(1024).group(1024).chunks(2).persistent(B).cluster(4),
+    // N = 131072 (16384)
+    upto(16384).block(512).group(512).chunks(4).persistent(B).cluster(8),
+    upto(16384).block(512).group(512).chunks(4).persistent(P).cluster(8),
+    upto(16384).block(512).group(512).chunks(4).stages(2).persistent(P).cluster(8),
+    upto(16384).block(512).group(512).chunks(4).stages(2).persistent(B).cluster(8),
+    upto(16384).block(1024).group(1024).chunks(2).persistent(B).cluster(8),
+    upto(16384).block(256).group(256).chunks(8).persistent(B).cluster(8),
 };
 constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
 
 template <std::size_t... I>
 const void* kernel_of(int i, std::index_sequence<I...>) {
-  static const void* const kernels[] = {reinterpret_cast<const void*>(
-      &rmsnorm::fwd_rows<X, X, kCandidates[I].block, kCandidates[I].group,
-                         kCandidates[I].chunks, kCandidates[I].stages,
-                         kCandidates[I].persistent>)...};
+  static const void* const kernels[] = {rmsnorm::fwd_kernel_for<
+      X, X, kCandidates[I].block, kCandidates[I].group, kCandidates[I].chunks,
+      kCandidates[I].stages, kCandidates[I].persistent, 0, kCandidates[I].cluster,
+      rmsnorm::RmsRow>()...};
   return kernels[i];
+}
+
+// Clusters of a cluster kernel (its compiled-in shape) the GPU holds at once.
+int clusters_resident(const void* fn, int block) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(1);
+  cudaFuncAttributes attr{};
+  CHECK(cudaFuncGetAttributes(&attr, fn));
+  config.gridDim = dim3(attr.requiredClusterWidth);
+  config.blockDim = dim3(block);
+  int clusters = 0;
+  CHECK(cudaOccupancyMaxActiveClusters(&clusters, fn, &config));
+  return clusters;
 }
 
 }  // namespace
@@ -109,11 +147,11 @@ int main(int argc, char** argv) {
       {8192, 2560},  {32768, 2560}, {8192, 3584},  {32768, 3584}, {8192, 5120},
       {32768, 5120}, {262144, 128}, {131072, 256}, {65536, 512},  {65536, 1024},
       {32768, 2048}, {16384, 2880}, {16384, 4096}, {16384, 8192},
-      {4096, 8192},  {8192, 16384}, {4096, 32768}};
+      {4096, 8192},  {8192, 16384}, {4096, 32768}, {2048, 65536}, {1024, 131072}};
   if (argc > 2) std::printf("(only N = %s)\n", argv[2]);
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  std::printf("%-12s %-24s %6s %9s %7s %7s %s\n", "shape", "candidate", "grid", "us",
+  std::printf("%-12s %-40s %6s %9s %7s %7s %s\n", "shape", "candidate", "grid", "us",
               "GB/s", "% ceil", "check vs first");
   int status = 0;
   for (auto [m, n] : shapes) {
@@ -131,7 +169,7 @@ int main(int argc, char** argv) {
     const double bytes = 2.0 * count * 2;
     char label[64];
     std::snprintf(label, sizeof label, "%lldx%d", (long long)m, n);
-    std::printf("%-12s %-24s %6s %9.1f %7.0f %7s\n", label, "copy ceiling (x -> y)", "",
+    std::printf("%-12s %-40s %6s %9.1f %7.0f %7s\n", label, "copy ceiling (x -> y)", "",
                 ceil_us, bytes / ceil_us / 1e3, "100");
 
     const int nvec = n / 8;
@@ -141,35 +179,48 @@ int main(int argc, char** argv) {
       if (p.max_nvec < nvec || p.max_nvec >= 2 * nvec) continue;
       const void* fn = kernel_of(i, std::make_index_sequence<kCount>{});
       const int rows_per_step = p.block / p.group;
-      int64_t grid = (m + rows_per_step - 1) / rows_per_step;
-      if (p.persistent) {
+      const int64_t steps = (m + rows_per_step - 1) / rows_per_step;
+      // Grids to time: a block (cluster) per step; the resident ones for a
+      // persistent row (a cluster's w-first row both ways, its stages 2 row
+      // resident only).
+      std::vector<std::pair<int64_t, const char*>> grids;
+      if (p.cluster > 1) {
+        const int64_t resident = std::min<int64_t>(steps, clusters_resident(fn, p.block));
+        if (p.stages == 1) grids.push_back({steps * p.cluster, "a row a cluster"});
+        if (p.persistent || p.stages > 1) grids.push_back({resident * p.cluster, "resident"});
+      } else if (p.persistent) {
         int occ = 0;
         CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, p.block, 0));
-        grid = std::min<int64_t>(grid, int64_t(sms) * std::max(occ, 1));
-      }
-      rmsnorm::FwdArgs a{x, w, y, m, n, 1e-5f, rmsnorm::DType::BF16, rmsnorm::DType::BF16,
-                         rmsnorm::DType::BF16};
-      void* params[] = {&a};
-      auto run = [&] { CHECK(cudaLaunchKernel(fn, dim3(grid), dim3(p.block), params, 0, 0)); };
-      const double us = cli::median_us(iters, run);
-      CHECK(cudaMemset(y, 0xff, count * 2));
-      run();
-      CHECK(cudaDeviceSynchronize());
-      auto hy = cli::to_host(y, count);
-      char name[48];
-      std::snprintf(name, sizeof name, "{%d,%d,%d,%d,%s}", p.block, p.group, p.chunks,
-                    p.stages, p.persistent ? "persistent" : "per-step");
-      char check[48] = "reference";
-      if (ref.empty()) {
-        ref = hy;
+        grids.push_back({std::min<int64_t>(steps, int64_t(sms) * std::max(occ, 1)), ""});
       } else {
-        const double d = cli::max_rel_diff(hy, ref);
-        const bool ok = d <= 1e-2;
-        std::snprintf(check, sizeof check, "y %.1e %s", d, ok ? "ok" : "DIFFER");
-        if (!ok) status = 1;
+        grids.push_back({steps, ""});
       }
-      std::printf("%-12s %-24s %6lld %9.1f %7.0f %7.1f %s\n", "", name, (long long)grid, us,
-                  bytes / us / 1e3, 100.0 * ceil_us / us, check);
+      for (auto [grid, how] : grids) {
+        rmsnorm::FwdArgs a{x, w, y, m, n, 1e-5f, rmsnorm::DType::BF16, rmsnorm::DType::BF16,
+                           rmsnorm::DType::BF16};
+        void* params[] = {&a};
+        auto run = [&] { CHECK(cudaLaunchKernel(fn, dim3(grid), dim3(p.block), params, 0, 0)); };
+        const double us = cli::median_us(iters, run);
+        CHECK(cudaMemset(y, 0xff, count * 2));
+        run();
+        CHECK(cudaDeviceSynchronize());
+        auto hy = cli::to_host(y, count);
+        char name[64];
+        std::snprintf(name, sizeof name, "{%d,%d,%d,%d,%s,c%d%s%s}", p.block, p.group, p.chunks,
+                      p.stages, p.persistent ? "w first" : "w late", p.cluster, *how ? "," : "",
+                      how);
+        char check[48] = "reference";
+        if (ref.empty()) {
+          ref = hy;
+        } else {
+          const double d = cli::max_rel_diff(hy, ref);
+          const bool ok = d <= 1e-2;
+          std::snprintf(check, sizeof check, "y %.1e %s", d, ok ? "ok" : "DIFFER");
+          if (!ok) status = 1;
+        }
+        std::printf("%-12s %-40s %6lld %9.1f %7.0f %7.1f %s\n", "", name, (long long)grid, us,
+                    bytes / us / 1e3, 100.0 * ceil_us / us, check);
+      }
     }
     for (void* p : {(void*)x, (void*)y, (void*)w}) CHECK(cudaFree(p));
     std::fflush(stdout);
