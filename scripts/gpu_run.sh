@@ -371,9 +371,13 @@ cuda_calls() {
   return "$rc"
 }
 
-#: CUDA calls and kernel GPU time per eval (lab/cuda_calls.py), and at decode patch() against patch(fuse=True) (CALLS_FUSE_ONLY=1: that only)
+#: CUDA calls and kernel GPU time per eval (lab/cuda_calls.py), and at decode patch() against patch(fuse=True) (CALLS_FUSE_ONLY=1: that only; CALLS_SCENARIOS=a,b: those only, into cuda-calls-scenarios.txt)
 run_calls() {
   ensure_built || return 1
+  # e.g. CALLS_SCENARIOS=trainstep-llama8b-frozen,prefill128-llama3-8b,prefill128-qwen3-0.6b, the
+  # timelines of the end-to-end rows slower under the plugin (python3 -m lab.cuda_calls --help)
+  # (CALLS_ARGS: more options, e.g. "--kernel-width 200" for whole kernel names)
+  [ -z "${CALLS_SCENARIOS:-}" ] || { cuda_calls 200 cuda-calls-scenarios.txt --scenarios "$CALLS_SCENARIOS" ${CALLS_ARGS:-}; return; }
   local rc=0
   [ -n "${CALLS_FUSE_ONLY:-}" ] || cuda_calls 200 cuda-calls.txt --scenarios \
     fwd1-1x1024,bwd1-8192x2048,bwd20-8192x1024,bwd20-8192x768,lnbwd20-8192x768,decode-qwen3-0.6b,decode-llama-3-8b,train-qwen3-0.6b,train-llama-8b-slice-frozen \

@@ -1,7 +1,10 @@
 """The lab (lab/, not in the wheel) as the GPU machine's steps and the docs
 call it: scripts/gpu_run.sh's steps are its run_* functions, each listed by
 --help with its description, and a name that is no step is refused before
-anything runs; the lab's command lines parse."""
+anything runs; the lab's command lines parse; lab.cuda_calls's timelines
+(its busy time, gaps and host calls inside them; its scenarios at the
+benchmarks' --quick sizes, measured and reported through a fake of the CUPTI
+library) and its library (built, answering without a GPU)."""
 
 import os
 import re
@@ -45,3 +48,120 @@ def test_lab_command_lines_parse(module):
     out = _run(sys.executable, "-m", module, "--help")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("usage:")
+
+
+def test_cuda_calls_timeline_of_one_eval():
+    """Busy time is the union of the GPU's activities; a gap lies between
+    the last-ending activity and the next, and the host time inside it goes
+    to the calls that overlap it (their union, for calls of two threads) and
+    the rest to none."""
+    from lab import cuda_calls
+
+    records = [("kernel", 100, 110, 0, "A"), ("kernel", 105, 120, 0, "B"), ("memset", 130, 140, 64, "memset"),
+               ("runtime", 122, 135, 0, "cudaGraphLaunch"), ("driver", 90, 121, 0, "cuEventSynchronize")]
+    t = cuda_calls.eval_timeline(80, 150, records)
+    assert (t["lead"], t["span"], t["busy"], t["idle"], t["tail"], t["gaps"]) == (20, 40, 30, 10, 10, 1)
+    assert t["wall"] == t["lead"] + t["span"] + t["tail"]
+    n, ns, longest, host = t["pairs"][("B", "[memset]")]
+    assert (n, ns, longest) == (1, 10, 10)
+    assert host == {"run:cudaGraphLaunch": 8, "dri:cuEventSynchronize": 1, cuda_calls.NO_CALL: 1}
+    assert t["moves"] == {"memset": 1} and t["move_bytes"] == {"memset": 64}
+    assert t["kernel_ns"] == {"A": 10, "B": 15}
+
+
+def test_cuda_calls_short_kernel_names():
+    from lab import cuda_calls
+
+    name = "void mlx::core::cu::rms_norm_small<__nv_bfloat16, 128, 4, true, 8>(const T1 *, float (*)(int), long)"
+    assert cuda_calls.short(name, 60) == "rms_norm_small<bf16, 128, 4, true, 8>"
+    assert cuda_calls.short("nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN", 20) == "nvjet_sm9...oopA_NTN"
+
+
+def test_cuda_calls_library_builds_and_answers_without_a_gpu(tmp_path, monkeypatch):
+    """The CUPTI library builds here where CUPTI's headers are (no GPU: the
+    driver never injects it), and its functions answer through Counter."""
+    from lab import cuda_calls
+
+    try:
+        cuda_calls._cupti_dirs()
+    except SystemExit as e:
+        pytest.skip(str(e))
+    monkeypatch.setattr(cuda_calls, "LIB", str(tmp_path / "cuda_calls.so"))
+    monkeypatch.setattr(cuda_calls, "TIMELINE", str(tmp_path / "timeline.tsv"))
+    cuda_calls.build(cuda_calls.LIB)
+    counter = cuda_calls.Counter()
+    counter.reset()
+    t0 = counter.now()
+    assert 0 < t0 <= counter.now()
+    assert counter.read() == {} and counter.timeline() == []
+
+
+class _FakeCounter:
+    """lab.cuda_calls.Counter without CUPTI (no GPU here): each eval, the
+    time between two now() calls, gets two kernels and a gap with a graph
+    launch inside; under patch() the gap is 5 us longer and a memset runs
+    beside the second kernel."""
+
+    def __init__(self):
+        self.t, self.opened, self.records = 0, None, []
+
+    def reset(self):
+        self.records = []
+
+    def now(self):
+        import mlx_rmsnorm
+
+        self.t += 1_000_000
+        if self.opened is None:
+            self.opened = self.t
+        else:
+            a, gap = self.opened, 15_000 if mlx_rmsnorm.is_patched() else 10_000
+            self.records += [("kernel", a + 1000, a + 50_000, 0, "void gemm(int)"),
+                             ("runtime", a + 50_500, a + 50_000 + gap, 0, "cudaGraphLaunch"),
+                             ("kernel", a + 50_000 + gap, a + 90_000 + gap, 0, "void norm<float>(int)")]
+            if mlx_rmsnorm.is_patched():
+                self.records.append(("memset", a + 70_000, a + 71_000, 256, "memset"))
+            self.opened = None
+        return self.t
+
+    def read(self):
+        import mlx_rmsnorm
+
+        memsets = 5 if mlx_rmsnorm.is_patched() else 0
+        return {"dri:cuGraphLaunch": (5, 50_000), "dri:cuMemsetD8Async": (memsets, 1000 * memsets)}
+
+    def timeline(self):
+        return list(self.records)
+
+
+@pytest.mark.parametrize("name", ["trainstep-llama8b-frozen", "prefill128-llama3-8b", "prefill128-qwen3-0.6b"])
+def test_cuda_calls_timeline_scenarios_build_and_report_on_the_cpu(name):
+    """The timeline scenarios, at the benchmarks' --quick sizes, built and
+    run under their contenders (the plugin routed to the CPU), measured and
+    reported through a counter that fakes the CUPTI library."""
+    import io
+
+    import mlx_rmsnorm
+    from lab import cuda_calls
+
+    (make, evals, contenders, timeline), = cuda_calls.scenarios([name], quick=True).values()
+    assert timeline and contenders[0] == "builtin"
+    was = mlx_rmsnorm.route_cpu(True)
+    try:
+        res = cuda_calls.measure(make(), evals, _FakeCounter(), contenders, timeline=True)
+    finally:
+        mlx_rmsnorm.route_cpu(was)
+    assert not mlx_rmsnorm.is_patched()
+    assert all(len(res[c]["evals"]) == len(res[c]["times"]) == 2 * evals for c in contenders)
+    out = io.StringIO()
+    cuda_calls.report_timeline(name, res, evals, out, 60, contenders)
+    text = out.getvalue()
+    slower = contenders[1]
+    assert text.startswith(f"## {name}: timeline of builtin against {slower}, 10 and 10 evals")
+    assert re.search(r"^    idle inside the span +10\.0 +15\.0 +\+5\.0$", text, re.M)
+    assert re.search(r"^memset \(bytes\) +0 +256 +\+256$", text, re.M)
+    assert re.search(r"^ +15\.0 us +1\.0x +longest +15\.0 us +gemm -> norm<float> +\| run:cudaGraphLaunch 14\.5, "
+                     r"\(in no CUDA call\) 0\.5$", text, re.M)
+    assert re.search(r"^dri:cuMemsetD8Async +0\.00 +1\.00 ", text, re.M)  # counts differ
+    assert f"## {slower} - builtin, per eval: wall " in text
+    assert "##   idle gaps +5.0 us, the host meanwhile in: run:cudaGraphLaunch +5.0" in text

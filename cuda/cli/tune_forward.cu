@@ -107,6 +107,7 @@ constexpr RowPlan kCandidates[] = {
     upto(8192).block(512).group(512).chunks(2).stages(2).persistent(P).cluster(8),
     upto(8192).block(256).group(256).chunks(4).persistent(B).cluster(8),
     upto(8192).block(1024).group(1024).chunks(2).persistent(B).cluster(4),
+    upto(8192).block(1024).group(1024).chunks(4).persistent(B).cluster(2),
     // N = 131072 (16384)
     upto(16384).block(512).group(512).chunks(4).persistent(B).cluster(8),
     upto(16384).block(512).group(512).chunks(4).persistent(P).cluster(8),
@@ -114,6 +115,7 @@ constexpr RowPlan kCandidates[] = {
     upto(16384).block(512).group(512).chunks(4).stages(2).persistent(B).cluster(8),
     upto(16384).block(1024).group(1024).chunks(2).persistent(B).cluster(8),
     upto(16384).block(256).group(256).chunks(8).persistent(B).cluster(8),
+    upto(16384).block(1024).group(1024).chunks(4).persistent(B).cluster(4),
 };
 constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
 
