@@ -255,6 +255,10 @@ def scenarios(names=(), quick=False):
         "trainstep-llama8b-frozen": (lambda: train_step("llama-8b-slice", frozen=True), "plugin"),
         "prefill128-llama3-8b": (lambda: prefill("llama-3-8b", 128), "fuse"),
         "prefill128-qwen3-0.6b": (lambda: prefill("qwen3-0.6b", 128), "plugin"),
+        # 20 backward calls an eval at the seed shape: what an eval adds to
+        # the kernels' time (through mx.eval ours took 10-30 us a call more
+        # than its kernels under ncu, the built-in 9)
+        "bwd20-16384x8192": (lambda: many_bwd(16384, 8192), "plugin"),
     }
     table = {k: (make, evals, ("builtin", "plugin"), False) for k, (make, evals) in counts.items()}
     table.update({k: (make, TIMELINE_EVALS, ("builtin", slower), True)
