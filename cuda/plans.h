@@ -257,7 +257,8 @@ inline constexpr RowPlan kLayerBackwardSm80[] = {
 // Where the stages and the fp32 weight do not fit a block (16-bit x with fp32
 // g past N = 8192), the weight stays in registers (WeightInRegisters<Row>).
 inline constexpr RowPlan kLayerBackwardWRegsSm90[] = {
-    // N <= 16384: 1024 x 2 (64 registers, 32 bytes of stack)
+    // N <= 16384: 1024 x 2 (64 registers; ptxas, sm_90: 256-672 bytes of
+    // spill stores a thread, NOTES "LayerNorm")
     upto(2048).block(1024).group(1024).chunks(2).stages(2).bulk(),
     // N <= 32768, 65536 (the fused add, fp32 g): 512 x 2 slices of 4 and 8
     // blocks, half the stages of the 512 x 4 rows (not tuned)
