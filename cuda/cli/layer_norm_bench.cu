@@ -106,6 +106,8 @@ constexpr RowPlan kNew[] = {
 // The weight in registers (LayerRowWRegs): the fallback row of plans.h.
 constexpr RowPlan kRegs[] = {
     upto(2048).block(1024).group(1024).chunks(2).stages(2).bulk(),
+    // 512 x 4: 128 registers a thread where 1024 x 2 has 64 (and spills)
+    upto(2048).block(512).group(512).chunks(4).stages(2).bulk(),
 };
 // Forward rows: LayerRow candidates, w and b read as x (W_AS_X, as the
 // planner does where both are in x's dtype, as here), on other shapes of row
