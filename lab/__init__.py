@@ -14,7 +14,8 @@ them.
                     decode step's graph (step), one block (block), a decode
                     token's build and eval by variant (decode)
   cuda_calls        CUDA API calls and kernel GPU time per eval (CUPTI;
-                    cuda_calls.cpp)
+                    cuda_calls.cpp); timelines of whole workloads, built-in
+                    against the plugin (busy time, gaps, what the host was in)
   decode_kernels    decode-step forward kernels under Nsight Compute
   profile_training  kernel times at training shapes under Nsight Compute
   profile_case      one norm direction, for a profiler to catch
