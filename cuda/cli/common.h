@@ -1,5 +1,6 @@
 // Helpers shared by the standalone tools in cuda/cli: error checks, input
-// data, copies back to the host, the agreement measure and CUDA-event timing.
+// data, copies back to the host, the agreement measure (and a forward
+// candidate's check column) and CUDA-event timing.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #define CHECK(call)                                                     \
@@ -57,6 +59,22 @@ inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>
     den = std::max(den, (double)std::fabs(b[i]));
   }
   return den > 0 ? num / den : num;
+}
+
+// The check column of a forward candidate: the first y at a shape becomes
+// the reference ("reference"); a later one reports its largest relative
+// difference from it, and one past 1e-2 ("DIFFER") sets status to 1.
+inline std::string check_y(std::vector<float>& ref, const std::vector<float>& y, int& status) {
+  if (ref.empty()) {
+    ref = y;
+    return "reference";
+  }
+  const double d = max_rel_diff(y, ref);
+  const bool ok = d <= 1e-2;
+  if (!ok) status = 1;
+  char text[48];
+  std::snprintf(text, sizeof text, "y %.1e %s", d, ok ? "ok" : "DIFFER");
+  return text;
 }
 
 // Median over `iters` timed runs of launch() (CUDA events on the default

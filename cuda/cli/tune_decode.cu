@@ -117,16 +117,8 @@ int main(int argc, char** argv) {
         char name[48];
         std::snprintf(name, sizeof name, "{%d,%d,%d}%s", p.block, p.group, p.chunks,
                       p.persistent ? " w first" : " w late");
-        char check[48] = "reference";
-        if (ref.empty()) {
-          ref = hy;
-        } else {
-          const double d = cli::max_rel_diff(hy, ref);
-          const bool ok = d <= 1e-2;
-          std::snprintf(check, sizeof check, "y %.1e %s", d, ok ? "ok" : "DIFFER");
-          if (!ok) status = 1;
-        }
-        std::printf("%-10s %-26s %9.3f  %s\n", label, name, us, check);
+        std::printf("%-10s %-26s %9.3f  %s\n", label, name, us,
+                    cli::check_y(ref, hy, status).c_str());
       }
       for (void* p : {(void*)x, (void*)y, (void*)w}) CHECK(cudaFree(p));
       std::fflush(stdout);
