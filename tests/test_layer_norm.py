@@ -944,6 +944,27 @@ def test_gpu_cluster_rows(add, w_dtype, n):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU_AVAILABLE, reason="needs MLX CUDA + kernels")
+def test_gpu_cluster_and_plain_graphs_alternate():
+    """MLX updates a cached CUDA graph in place with the next graph of the
+    same node keys: LayerNorm's cluster backward (a child graph keyed by its
+    cluster shape, then the column sum of gw and gb) and plain ones of the
+    same node count alternate, odd grids among them, twice over, and every
+    gradient is checked against float64."""
+    cases = [(256, 32768), (5, 64), (40, 65536), (999, 128), (7, 131072), (3, 256)]
+    tol = TOL[mx.bfloat16]
+    for i, (m, n) in enumerate(cases + cases):
+        x, w, b, g = make_xwbg((m, n), mx.bfloat16, True, True, seed=90 + i)
+        with mx.stream(mx.gpu):
+            gx, gw, gb = mlx_rmsnorm.layer_norm_vjp(x, w, b, g, EPS)
+            mx.eval(gx, gw, gb)
+        rgx, rgw, rgb = layer_backward(x, w, g, EPS)
+        assert rel_err(gx, rgx) < 2 * tol, (m, n)
+        assert rel_err(gw, rgw) < tol, (m, n)
+        assert rel_err(gb, rgb) < tol, (m, n)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU_AVAILABLE, reason="needs MLX CUDA + kernels")
 def test_gpu_strided_and_misaligned_inputs():
     base = random((64, 2 * 768), mx.bfloat16, 1)
     x = base[:, 768:]  # not row-contiguous: gathered
