@@ -373,7 +373,11 @@ template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool BULK, int CLUSTER, typename Row = RmsRow>
 __global__ void RMSNORM_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK)
     bwd_persistent_cluster(const BwdArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // no clusters before sm_90: the planners never launch it there
+#else
   persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER>(a);
+#endif
 }
 
 // The walk with a register cap: at least MIN_BLOCKS blocks of BLOCK threads

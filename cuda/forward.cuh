@@ -261,7 +261,11 @@ template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool PERSISTENT, int CLUSTER, typename Row, bool W_AS_X>
 __global__ void RMSNORM_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK)
     fwd_rows_cluster(const FwdArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // no clusters before sm_90: the planners never launch it there
+#else
   fwd_rows_body<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row, W_AS_X, CLUSTER>(a);
+#endif
 }
 
 // The host stub of a forward plan row (plans.h) with policy Row.
