@@ -79,21 +79,17 @@ bool plan_persistent(const BwdArgs& a, int vec, Plan& p) {
       *cfg, nvec, static_cast<int>(sizeof(G) / sizeof(X)) + (add ? 1 : 0));
   // Units (blocks, or clusters of cfg->cluster blocks) resident on the whole
   // GPU; 0 where the row's stages do not fit this GPU's shared memory: split.
-  const int resident = cfg->cluster > 1
-                           ? detail::clusters_resident(fn, cfg->block, smem)
-                           : target.sms * detail::blocks_per_sm(fn, cfg->block, smem);
+  const int resident = detail::units_resident(fn, cfg->block, smem, cfg->cluster);
   if (resident == 0) return false;
 
   // A unit's rows depend on the row alone (a cluster's slices on N), never
   // on the grid: a row's gx has the same bits in any batch.
   const int64_t units = std::min<int64_t>(resident, ceil_div(a.rows, rows_per_step));
   p.algorithm = Algorithm::Persistent;
-  if (units > 0) {
-    KernelCall call = make_call(fn, dim3(units * cfg->cluster), dim3(cfg->block), smem,
-                                cfg->cluster > 1 ? "bwd_persistent_cluster" : "bwd_persistent");
-    call.cluster = cfg->cluster;
-    p.calls.push_back(call);
-  }
+  if (units > 0)
+    p.calls.push_back(make_call(fn, dim3(units * cfg->cluster), dim3(cfg->block), smem,
+                                cfg->cluster > 1 ? "bwd_persistent_cluster" : "bwd_persistent",
+                                cfg->cluster));
   // Without a wanted gw (no weight, or a frozen one) neither partials nor
   // their column sum: one kernel.
   if (a.gw != nullptr) {

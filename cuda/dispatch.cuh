@@ -43,9 +43,18 @@ int blocks_per_sm(const void* host_fn, int block, unsigned smem);
 // when they do not fit. Cached.
 int clusters_resident(const void* host_fn, int block, unsigned smem);
 
-// A call record with the driver handle resolved (cached per kernel).
+// The units a persistent grid walks with: blocks, or (cluster > 1, the
+// kernel's compiled-in shape) clusters, as many as the whole GPU holds at
+// once; 0 when they do not fit.
+inline int units_resident(const void* host_fn, int block, unsigned smem, int cluster) {
+  return cluster > 1 ? clusters_resident(host_fn, block, smem)
+                     : sm_count() * blocks_per_sm(host_fn, block, smem);
+}
+
+// A call record with the driver handle resolved (cached per kernel); cluster:
+// the kernel's compiled-in cluster shape (KernelCall::cluster).
 KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
-                     const char* name);
+                     const char* name, int cluster = 1);
 
 template <typename T>
 struct Tag {

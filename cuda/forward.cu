@@ -37,14 +37,6 @@ const void* rows_kernel(int row, std::index_sequence<I...>) {
   return kernels[row];
 }
 
-// The fused add's long row (plans::kForwardAddLong) with policy Row.
-template <typename X, typename O, typename Row>
-const void* add_long_kernel() {
-  constexpr const plans::RowPlan& c = plans::kForwardAddLong;
-  return fwd_kernel_for<X, O, c.block, c.group, c.chunks, c.stages, c.persistent, 0, c.cluster,
-                        Row>();
-}
-
 // The one-wave rows (plans::kForwardOneWave): w read beside x, in registers.
 template <typename X, typename O, bool ADD, std::size_t... I>
 const void* one_wave_kernel(int row, std::index_sequence<I...>) {
@@ -117,10 +109,8 @@ Plan plan_forward(const FwdArgs& a) {
         return looped(std::integral_constant<int, full>{});
       const int64_t grid =
           std::min<int64_t>(a.rows, std::numeric_limits<int32_t>::max() / cfg.cluster);
-      KernelCall call = detail::make_call(fn, dim3(grid * cfg.cluster), dim3(cfg.block), 0,
-                                          "fwd_rows_cluster");
-      call.cluster = cfg.cluster;
-      p.calls.push_back(call);
+      p.calls.push_back(detail::make_call(fn, dim3(grid * cfg.cluster), dim3(cfg.block), 0,
+                                          "fwd_rows_cluster", cfg.cluster));
       return;
     }
     const int rows_per_step = cfg.block / cfg.group;

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "plans.h"
 #include "row_math.cuh"
 
 namespace rmsnorm {
@@ -283,6 +284,15 @@ const void* fwd_kernel_for() {
     return reinterpret_cast<const void*>(
         &fwd_rows<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row, W_AS_X>);
   }
+}
+
+// The host stub of the fused add's long row (plans::kForwardAddLong) with
+// policy Row (AddRmsRow or AddLayerRow).
+template <typename X, typename O, typename Row>
+const void* add_long_kernel() {
+  constexpr const plans::RowPlan& c = plans::kForwardAddLong;
+  return fwd_kernel_for<X, O, c.block, c.group, c.chunks, c.stages, c.persistent, 0, c.cluster,
+                        Row>();
 }
 
 // Any N, any alignment (VEC = 1 when needed): a block per row, a first pass

@@ -216,7 +216,7 @@ int clusters_resident(const void* host_fn, int block, unsigned smem) {
 }
 
 KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
-                     const char* name) {
+                     const char* name, int cluster) {
   static std::map<std::pair<int, const void*>, cudaFunction_t> cache;
   // Every launch comes through here: a GPU this build has no code for gets
   // target()'s error (naming the GPU, the architectures built, the rebuild)
@@ -235,7 +235,7 @@ KernelCall make_call(const void* host_fn, dim3 grid, dim3 block, unsigned smem,
       fn = it->second;
     }
   }
-  return KernelCall{host_fn, fn, grid, block, smem, name};
+  return KernelCall{host_fn, fn, grid, block, smem, name, cluster};
 }
 
 }  // namespace detail

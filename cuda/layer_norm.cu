@@ -50,21 +50,15 @@ std::pair<const plans::RowPlan*, const void*> forward_row(int n, bool add, bool 
   const int row = n % full == 0 ? detail::table_row(kLayerForward, n / full) : -1;
   if (row < 0) return {nullptr, nullptr};
   const bool clusters = detail::target().family >= 90;
-  if (add && clusters && plans::add_long(kLayerForward[row])) {
-    constexpr const plans::RowPlan& c = plans::kForwardAddLong;
-    const void* fn = fwd_kernel_for<X, O, c.block, c.group, c.chunks, c.stages, c.persistent, 0,
-                                    c.cluster, AddLayerRow>();
-    if (detail::clusters_resident(fn, c.block, 0) == 0) return {nullptr, nullptr};
-    return {&c, fn};
-  }
-  const auto& cfg = kLayerForward[row];
-  if (cfg.cluster > 1 && !clusters) return {nullptr, nullptr};
+  const bool add_long = add && clusters && plans::add_long(kLayerForward[row]);
+  const plans::RowPlan& cfg = add_long ? plans::kForwardAddLong : kLayerForward[row];
   constexpr auto rows = std::make_index_sequence<std::size(kLayerForward)>{};
-  const void* fn = add ? (w_as_x ? forward_kernel<X, O, AddLayerRow, true>(row, rows)
-                                 : forward_kernel<X, O, AddLayerRow, false>(row, rows))
-                       : (w_as_x ? forward_kernel<X, O, LayerRow, true>(row, rows)
-                                 : forward_kernel<X, O, LayerRow, false>(row, rows));
-  if (cfg.cluster > 1 && detail::clusters_resident(fn, cfg.block, 0) == 0)
+  const void* fn = add_long ? add_long_kernel<X, O, AddLayerRow>()
+                   : add    ? (w_as_x ? forward_kernel<X, O, AddLayerRow, true>(row, rows)
+                                      : forward_kernel<X, O, AddLayerRow, false>(row, rows))
+                            : (w_as_x ? forward_kernel<X, O, LayerRow, true>(row, rows)
+                                      : forward_kernel<X, O, LayerRow, false>(row, rows));
+  if (cfg.cluster > 1 && (!clusters || detail::clusters_resident(fn, cfg.block, 0) == 0))
     return {nullptr, nullptr};
   return {&cfg, fn};
 }
@@ -127,8 +121,7 @@ BackwardChoice choose_backward(int n) {
   BackwardChoice c;
   if (n % full != 0) return c;
   const int nvec = n / full;
-  const detail::Target& target = detail::target();
-  const bool sm90 = target.family >= 90;
+  const bool sm90 = detail::target().family >= 90;
   const int g_per_x = static_cast<int>(sizeof(G) / sizeof(X)) + (ADD ? 1 : 0);
   auto fit = [&](auto row, bool w_shared) {
     std::tie(c.cfg, c.fn) = row;
@@ -136,9 +129,7 @@ BackwardChoice choose_backward(int n) {
     const int slice = static_cast<int>(detail::ceil_div(nvec, c.cfg->cluster));
     c.smem = plans::persistent_smem(*c.cfg, nvec, g_per_x) +
              (w_shared ? sizeof(float) * full * slice : 0);  // the slice's fp32 weight
-    c.units = c.cfg->cluster > 1
-                  ? detail::clusters_resident(c.fn, c.cfg->block, c.smem)
-                  : target.sms * detail::blocks_per_sm(c.fn, c.cfg->block, c.smem);
+    c.units = detail::units_resident(c.fn, c.cfg->block, c.smem, c.cfg->cluster);
     return c.units > 0;
   };
   static_assert(Row::kWShared && !RowWRegs::kWShared);
@@ -188,10 +179,8 @@ Plan plan_layer_forward(const FwdArgs& a) {
       // A row a cluster: a block per slice, a cluster per row.
       const int64_t grid =
           std::min<int64_t>(a.rows, std::numeric_limits<int32_t>::max() / cfg->cluster);
-      KernelCall call = make_call(fn, dim3(grid * cfg->cluster), dim3(cfg->block), 0,
-                                  "layer_fwd_rows_cluster");
-      call.cluster = cfg->cluster;
-      p.calls.push_back(call);
+      p.calls.push_back(make_call(fn, dim3(grid * cfg->cluster), dim3(cfg->block), 0,
+                                  "layer_fwd_rows_cluster", cfg->cluster));
       return;
     }
     int64_t grid = std::min<int64_t>(ceil_div(a.rows, cfg->block / cfg->group),
@@ -225,13 +214,11 @@ Plan plan_layer_backward(const BwdArgs& a) {
         c.units, std::max<int64_t>(std::min<int64_t>(a.rows, 1),
                                    ceil_div(a.rows, rows_per_step) / c.cfg->min_steps));
     p.algorithm = Algorithm::Persistent;
-    if (grid > 0) {
-      KernelCall call = make_call(c.fn, dim3(grid * c.cfg->cluster), dim3(c.cfg->block), c.smem,
+    if (grid > 0)
+      p.calls.push_back(make_call(c.fn, dim3(grid * c.cfg->cluster), dim3(c.cfg->block), c.smem,
                                   c.cfg->cluster > 1 ? "layer_bwd_persistent_cluster"
-                                                     : "layer_bwd_persistent");
-      call.cluster = c.cfg->cluster;
-      p.calls.push_back(call);
-    }
+                                                     : "layer_bwd_persistent",
+                                  c.cfg->cluster));
     // Partials of gw, then of gb, units x n each; only for what is wanted.
     if (a.gw != nullptr || a.gb != nullptr) {
       p.partial_rows = static_cast<int>(grid);

@@ -328,16 +328,11 @@ constexpr bool complete(const T (&table)[K]) {
       return false;
   return true;
 }
-template <typename T, std::size_t K>
-constexpr bool without(const T (&table)[K], bool T::*field) {
+// No row of the table sets `field` off `none` (a bool field: off false).
+template <typename T, std::size_t K, typename F>
+constexpr bool without(const T (&table)[K], F T::*field, F none = F{}) {
   for (std::size_t i = 0; i < K; ++i)
-    if (table[i].*field) return false;
-  return true;
-}
-template <typename T, std::size_t K>
-constexpr bool without_clusters(const T (&table)[K]) {
-  for (std::size_t i = 0; i < K; ++i)
-    if (table[i].cluster != 1) return false;
+    if (table[i].*field != none) return false;
   return true;
 }
 static_assert(ascending(kBackwardSm90) && ascending(kBackwardSm80) && ascending(kForward) &&
@@ -364,9 +359,10 @@ static_assert(clusters_split_rows(kBackwardSm90) && clusters_split_rows(kForward
                   clusters_split_rows(kLayerBackwardWRegsSm90) &&
                   clusters_split_rows(kLayerForward) && splits_one_row(kForwardAddLong),
               "a cluster row: a row a step, at most 8 blocks (portable), each slice in one block");
-static_assert(without_clusters(kBackwardSm80) && without_clusters(kLayerBackwardSm80) &&
-                  without_clusters(kLayerBackwardWRegsSm80) &&
-                  without_clusters(kForwardOneWave),
+static_assert(without(kBackwardSm80, &RowPlan::cluster, 1) &&
+                  without(kLayerBackwardSm80, &RowPlan::cluster, 1) &&
+                  without(kLayerBackwardWRegsSm80, &RowPlan::cluster, 1) &&
+                  without(kForwardOneWave, &RowPlan::cluster, 1),
               "clusters: the sm_90 backward tables, and the forward's, which the planners "
               "skip before sm_90");
 // The fused add's forward swaps exactly one row of each forward table, the

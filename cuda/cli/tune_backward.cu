@@ -21,6 +21,7 @@
 #include "bandwidth.cuh"
 #include "colsum.cuh"
 #include "common.h"
+#include "dispatch.cuh"
 #include "plans.h"
 
 namespace {
@@ -163,17 +164,7 @@ int main(int argc, char** argv) {
       CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
       // Resident units (blocks, or clusters of p.cluster blocks), as the
       // planner counts them.
-      int occ = 0;
-      if (p.cluster > 1) {
-        cudaLaunchConfig_t config{};  // the cluster shape is the kernel's own
-        config.gridDim = dim3(p.cluster);
-        config.blockDim = dim3(p.block);
-        config.dynamicSmemBytes = smem;
-        CHECK(cudaOccupancyMaxActiveClusters(&occ, fn, &config));
-      } else {
-        CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, p.block, smem));
-        occ *= sms;
-      }
+      const int occ = rmsnorm::detail::units_resident(fn, p.block, smem, p.cluster);
       char name[48];
       std::snprintf(name, sizeof name, "{%d,%d,%d,%d,%s,x%d}", p.block, p.group, p.chunks,
                     p.stages, p.bulk ? "bulk" : "async", p.cluster);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common.h"
+#include "dispatch.cuh"
 #include "forward.cuh"
 #include "plans.h"
 
@@ -128,19 +129,6 @@ const void* kernel_of(int i, std::index_sequence<I...>) {
   return kernels[i];
 }
 
-// Clusters of a cluster kernel (its compiled-in shape) the GPU holds at once.
-int clusters_resident(const void* fn, int block) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(1);
-  cudaFuncAttributes attr{};
-  CHECK(cudaFuncGetAttributes(&attr, fn));
-  config.gridDim = dim3(attr.requiredClusterWidth);
-  config.blockDim = dim3(block);
-  int clusters = 0;
-  CHECK(cudaOccupancyMaxActiveClusters(&clusters, fn, &config));
-  return clusters;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -187,7 +175,7 @@ int main(int argc, char** argv) {
       // resident only).
       std::vector<std::pair<int64_t, const char*>> grids;
       if (p.cluster > 1) {
-        const int64_t resident = std::min<int64_t>(steps, clusters_resident(fn, p.block));
+        const int64_t resident = std::min<int64_t>(steps, rmsnorm::detail::clusters_resident(fn, p.block, 0));
         if (p.stages == 1) grids.push_back({steps * p.cluster, "a row a cluster"});
         if (p.persistent || p.stages > 1) grids.push_back({resident * p.cluster, "resident"});
       } else if (p.persistent) {
