@@ -137,7 +137,7 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   };
   // All threads of a block make the same steps (barriers inside group_sum
   // when GROUP == BLOCK); rows past the end are masked.
-  auto finish = [&](const XV (&xv)[CHUNKS], int64_t base) {
+  auto finish = [&](XV (&xv)[CHUNKS], int64_t base) {
     const int64_t row = base + r;
     const bool valid = row < a.rows;
     typename Row::FwdStats st{};
@@ -165,7 +165,7 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
         if (valid && v < nvec) {
 #pragma unroll
           for (int k = 0; k < VEC; ++k)
-            Row::template fwd_add<PASS>(sums, to_float(xv[j].v[k]), st);
+            Row::template fwd_add<PASS>(sums, element(xv[j], k), st);
         }
       }
       sums = group_sum<GROUP, BLOCK>(sums, red);
@@ -200,7 +200,7 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
           const float wk = W_AS_X ? to_float(wv.v[k]) + a.offset : wj[k];
           float bk = 0.f;
           if constexpr (Row::kBias) bk = W_AS_X ? to_float(bv.v[k]) : bj[k];
-          out.v[k] = from_float<O>(Row::y(to_float(xv[j].v[k]), wk, bk, st));
+          out.v[k] = from_float<O>(Row::y(element(xv[j], k), wk, bk, st));
         }
         yr[v] = out;
       }
@@ -245,7 +245,7 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
 
 // The kernels: fwd_rows; with a register cap (at least MIN_BLOCKS blocks a
 // SM: LayerNorm's rows, plans.h) fwd_rows_capped; a row a cluster (CLUSTER
-// blocks, sm_90 on) fwd_rows_cluster.
+// blocks, sm_90 on, capped alike) fwd_rows_cluster.
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool PERSISTENT, typename Row = RmsRow, bool W_AS_X = false>
 __global__ void __launch_bounds__(BLOCK) fwd_rows(const FwdArgs a) {
@@ -258,9 +258,10 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) fwd_rows_capped(const FwdAr
   fwd_rows_body<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row, W_AS_X>(a);
 }
 
+// (MIN_BLOCKS 0: no cap beyond one block a SM, which BLOCK alone sets)
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT, int CLUSTER, typename Row, bool W_AS_X>
-__global__ void RMSNORM_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK)
+          bool PERSISTENT, int CLUSTER, int MIN_BLOCKS, typename Row, bool W_AS_X>
+__global__ void RMSNORM_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK, MIN_BLOCKS > 0 ? MIN_BLOCKS : 1)
     fwd_rows_cluster(const FwdArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // no clusters before sm_90: the planners never launch it there
@@ -273,10 +274,10 @@ __global__ void RMSNORM_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK)
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool PERSISTENT, int MIN_BLOCKS, int CLUSTER, typename Row, bool W_AS_X = false>
 const void* fwd_kernel_for() {
-  static_assert(CLUSTER == 1 || MIN_BLOCKS == 0, "cluster rows take no register cap");
   if constexpr (CLUSTER > 1) {
-    return reinterpret_cast<const void*>(
-        &fwd_rows_cluster<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, CLUSTER, Row, W_AS_X>);
+    return reinterpret_cast<const void*>(&fwd_rows_cluster<X, O, BLOCK, GROUP, CHUNKS, STAGES,
+                                                           PERSISTENT, CLUSTER, MIN_BLOCKS, Row,
+                                                           W_AS_X>);
   } else if constexpr (MIN_BLOCKS > 0) {
     return reinterpret_cast<const void*>(
         &fwd_rows_capped<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, MIN_BLOCKS, Row, W_AS_X>);

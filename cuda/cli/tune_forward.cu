@@ -94,13 +94,22 @@ constexpr RowPlan kCandidates[] = {
     // the reduction; P: w read into registers first, timed with a cluster a
     // row and with a grid of the resident clusters walking the rows (stages
     // 2: the next row loading while the sums cross the cluster).
+    // Cluster rows capped (min_blocks: 1536 threads a SM at 4 vectors a
+    // thread, 40 registers; 1024 at 8, 64; no spills in bf16): more rows'
+    // loads in flight while a cluster's sums cross it.
     upto(4096).block(512).group(512).chunks(4).persistent(B).cluster(2),
+    upto(4096).block(512).group(512).chunks(4).persistent(B).cluster(2).min_blocks(3),
+    upto(4096).block(256).group(256).chunks(4).persistent(B).cluster(4).min_blocks(6),
     upto(4096).block(512).group(512).chunks(4).persistent(P).cluster(2),
     upto(4096).block(512).group(512).chunks(4).stages(2).persistent(P).cluster(2),
     upto(4096).block(512).group(512).chunks(2).persistent(B).cluster(4),
     upto(4096).block(256).group(256).chunks(4).persistent(B).cluster(4),
     // N = 65536 (8192)
     upto(8192).block(512).group(512).chunks(4).persistent(B).cluster(4),
+    upto(8192).block(512).group(512).chunks(4).persistent(B).cluster(4).min_blocks(3),
+    upto(8192).block(256).group(256).chunks(4).persistent(B).cluster(8).min_blocks(6),
+    upto(8192).block(512).group(512).chunks(8).persistent(B).cluster(2),
+    upto(8192).block(512).group(512).chunks(8).persistent(B).cluster(2).min_blocks(2),
     upto(8192).block(512).group(512).chunks(4).persistent(P).cluster(4),
     upto(8192).block(512).group(512).chunks(4).stages(2).persistent(P).cluster(4),
     upto(8192).block(512).group(512).chunks(4).stages(2).persistent(B).cluster(4),
@@ -111,6 +120,9 @@ constexpr RowPlan kCandidates[] = {
     upto(8192).block(1024).group(1024).chunks(4).persistent(B).cluster(2),
     // N = 131072 (16384)
     upto(16384).block(512).group(512).chunks(4).persistent(B).cluster(8),
+    upto(16384).block(512).group(512).chunks(4).persistent(B).cluster(8).min_blocks(3),
+    upto(16384).block(512).group(512).chunks(8).persistent(B).cluster(4).min_blocks(2),
+    upto(16384).block(256).group(256).chunks(8).persistent(B).cluster(8).min_blocks(4),
     upto(16384).block(512).group(512).chunks(4).persistent(P).cluster(8),
     upto(16384).block(512).group(512).chunks(4).stages(2).persistent(P).cluster(8),
     upto(16384).block(512).group(512).chunks(4).stages(2).persistent(B).cluster(8),
@@ -124,7 +136,8 @@ template <std::size_t... I>
 const void* kernel_of(int i, std::index_sequence<I...>) {
   static const void* const kernels[] = {rmsnorm::fwd_kernel_for<
       X, X, kCandidates[I].block, kCandidates[I].group, kCandidates[I].chunks,
-      kCandidates[I].stages, kCandidates[I].persistent, 0, kCandidates[I].cluster,
+      kCandidates[I].stages, kCandidates[I].persistent, kCandidates[I].min_blocks,
+      kCandidates[I].cluster,
       rmsnorm::RmsRow>()...};
   return kernels[i];
 }
@@ -197,9 +210,11 @@ int main(int argc, char** argv) {
         CHECK(cudaDeviceSynchronize());
         auto hy = cli::to_host(y, count);
         char name[64];
-        std::snprintf(name, sizeof name, "{%d,%d,%d,%d,%s,c%d%s%s}", p.block, p.group, p.chunks,
-                      p.stages, p.persistent ? "w first" : "w late", p.cluster, *how ? "," : "",
-                      how);
+        char cap[16] = "";
+        if (p.min_blocks > 0) std::snprintf(cap, sizeof cap, ",m%d", p.min_blocks);
+        std::snprintf(name, sizeof name, "{%d,%d,%d,%d,%s,c%d%s%s%s}", p.block, p.group,
+                      p.chunks, p.stages, p.persistent ? "w first" : "w late", p.cluster, cap,
+                      *how ? "," : "", how);
         std::printf("%-12s %-40s %6lld %9.1f %7.0f %7.1f %s\n", "", name, (long long)grid, us,
                     bytes / us / 1e3, 100.0 * ceil_us / us, cli::check_y(ref, hy, status).c_str());
       }
