@@ -255,7 +255,7 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
           const float(&wj)[VEC] = weight(j, v, local);
 #pragma unroll
           for (int k = 0; k < VEC; ++k)
-            Row::template add<PASS>(sums, to_float(xv.v[k]), to_float(gv.v[k]),
+            Row::template add<PASS>(sums, element(xv, k), element(gv, k),
                                     wj[k], st);
         }
       }
@@ -294,10 +294,10 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
           XV out;
 #pragma unroll
           for (int k = 0; k < VEC; ++k) {
-            float xf = to_float(xv.v[k]);
-            float gf = to_float(gv.v[k]);
+            float xf = element(xv, k);
+            float gf = element(gv, k);
             float o = Row::gx(xf, gf, wj[k], st);
-            if constexpr (kExtra) o = Row::gx_out(o, to_float(ev.v[k]));
+            if constexpr (kExtra) o = Row::gx_out(o, element(ev, k));
             out.v[k] = from_float<X>(o);
 #pragma unroll
             for (int p = 0; p < P; ++p) acc[p][j][k] += Row::partial(p, xf, gf, st);

@@ -16,24 +16,31 @@ using plans::kForward;
 using plans::kForwardOneWave;
 
 // ADD: the fused residual add (FwdArgs::residual set; the AddRmsRow policy
-// of the same kernel) runs the same table rows: its row lives in registers
-// exactly as x does (h replaces x after the add), and the extra read and
-// write only scale the traffic that the rows were sized for. Not separately
-// tuned: docs/fused-add.md has its measurements on these rows.
+// of the same kernel) runs the same table rows up to N = 16384: its row lives
+// in registers exactly as x does (h replaces x after the add), and the extra
+// read and write only scale the traffic that the rows were sized for. Not
+// separately tuned: docs/fused-add.md has its measurements on these rows.
+// Past them sm_90 runs plans::kForwardAddLong, so no fused-add kernel is
+// built for the cluster rows (null), and elsewhere the looped kernel.
 // W_FIRST: the weight goes into registers while x is in flight (the
 // persistent rows' way) even where the table reads it after the reduction;
 // not in 1024-thread blocks, whose 64 registers a thread cannot hold it
 // (ptxas spills).
 // Cluster rows read w after the reduction either way (a row is many waves).
+template <typename X, typename O, bool ADD, bool W_FIRST, std::size_t I>
+const void* row_kernel() {
+  constexpr const plans::RowPlan& c = kForward[I];
+  if constexpr (ADD && c.cluster > 1) {
+    return nullptr;
+  } else {
+    return fwd_kernel_for<X, O, c.block, c.group, c.chunks, c.stages,
+                          c.persistent || (W_FIRST && c.block <= 512 && c.cluster == 1),
+                          c.min_blocks, c.cluster, std::conditional_t<ADD, AddRmsRow, RmsRow>>();
+  }
+}
 template <typename X, typename O, bool ADD, bool W_FIRST, std::size_t... I>
 const void* rows_kernel(int row, std::index_sequence<I...>) {
-  static const void* const kernels[] = {
-      fwd_kernel_for<X, O, kForward[I].block, kForward[I].group, kForward[I].chunks,
-                     kForward[I].stages,
-                     kForward[I].persistent || (W_FIRST && kForward[I].block <= 512 &&
-                                                kForward[I].cluster == 1),
-                     kForward[I].min_blocks, kForward[I].cluster,
-                     std::conditional_t<ADD, AddRmsRow, RmsRow>>()...};
+  static const void* const kernels[] = {row_kernel<X, O, ADD, W_FIRST, I>()...};
   return kernels[row];
 }
 
@@ -95,14 +102,14 @@ Plan plan_forward(const FwdArgs& a) {
     }
     if (row < 0) return looped(std::integral_constant<int, full>{});
     constexpr auto rows = std::make_index_sequence<std::size(kForward)>{};
-    // The fused add's own row where its x and residual outgrow a 1024-thread
-    // row's registers (plans::kForwardAddLong), on GPUs with clusters.
+    // The fused add's own rows where its x and residual outgrow kForward's
+    // rows' registers (plans::kForwardAddLong), on GPUs with clusters.
     const bool clusters = detail::target().family >= 90;
-    const bool add_long = add && clusters && plans::add_long(kForward[row]);
-    const auto& cfg = add_long ? plans::kForwardAddLong : kForward[row];
+    const int add_long = add && clusters ? plans::add_long_row(a.n / full) : -1;
+    const auto& cfg = add_long >= 0 ? plans::kForwardAddLong[add_long] : kForward[row];
     if (cfg.cluster > 1) {
       // A row a cluster (sm_90 on): a block per slice, a cluster per row.
-      const void* fn = add_long ? add_long_kernel<X, O, AddRmsRow>()
+      const void* fn = add_long >= 0 ? add_long_kernel<X, O, AddRmsRow>(add_long)
                        : add    ? rows_kernel<X, O, true, false>(row, rows)
                                 : rows_kernel<X, O, false, false>(row, rows);
       if (!clusters || detail::clusters_resident(fn, cfg.block, 0) == 0)

@@ -2,7 +2,9 @@
 // fused pass; fwd_rows also runs LayerNorm (row_math.cuh).
 #pragma once
 
+#include <iterator>
 #include <type_traits>
+#include <utility>
 
 #include "common.cuh"
 #include "plans.h"
@@ -261,8 +263,8 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) fwd_rows_capped(const FwdAr
 // (MIN_BLOCKS 0: no cap beyond one block a SM, which BLOCK alone sets)
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool PERSISTENT, int CLUSTER, int MIN_BLOCKS, typename Row, bool W_AS_X>
-__global__ void RMSNORM_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK, MIN_BLOCKS > 0 ? MIN_BLOCKS : 1)
-    fwd_rows_cluster(const FwdArgs a) {
+__global__ void RMSNORM_CLUSTER_DIMS(CLUSTER)
+    __launch_bounds__(BLOCK, MIN_BLOCKS > 0 ? MIN_BLOCKS : 1) fwd_rows_cluster(const FwdArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // no clusters before sm_90: the planners never launch it there
 #else
@@ -287,13 +289,22 @@ const void* fwd_kernel_for() {
   }
 }
 
-// The host stub of the fused add's long row (plans::kForwardAddLong) with
-// policy Row (AddRmsRow or AddLayerRow).
+// The host stub of the fused add's row past N = 16384 (plans::kForwardAddLong,
+// by row) with policy Row (AddRmsRow or AddLayerRow).
+template <typename X, typename O, typename Row, std::size_t... I>
+const void* add_long_kernel(int row, std::index_sequence<I...>) {
+  using plans::kForwardAddLong;
+  static const void* const kernels[] = {
+      fwd_kernel_for<X, O, kForwardAddLong[I].block, kForwardAddLong[I].group,
+                     kForwardAddLong[I].chunks, kForwardAddLong[I].stages,
+                     kForwardAddLong[I].persistent, kForwardAddLong[I].min_blocks,
+                     kForwardAddLong[I].cluster, Row>()...};
+  return kernels[row];
+}
 template <typename X, typename O, typename Row>
-const void* add_long_kernel() {
-  constexpr const plans::RowPlan& c = plans::kForwardAddLong;
-  return fwd_kernel_for<X, O, c.block, c.group, c.chunks, c.stages, c.persistent, 0, c.cluster,
-                        Row>();
+const void* add_long_kernel(int row) {
+  return add_long_kernel<X, O, Row>(
+      row, std::make_index_sequence<std::size(plans::kForwardAddLong)>{});
 }
 
 // Any N, any alignment (VEC = 1 when needed): a block per row, a first pass

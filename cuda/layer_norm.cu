@@ -24,20 +24,27 @@ using detail::make_call;
 using plans::kLayerForward;
 
 // Row: LayerRow, or AddLayerRow for the fused residual add (FwdArgs::residual
-// set), on the same table rows. The add's row holds the residual beside x:
-// under the plain row's register cap it spilled 190-330 bytes a thread
-// (ptxas, sm_90, bf16), so it runs uncapped; where the table's row is the
-// 1024-thread one, sm_90 runs plans::kForwardAddLong instead (as RMSNorm's).
+// set), on the same table rows up to N = 16384. The add's row holds the
+// residual beside x: under the plain row's register cap it spilled 190-330
+// bytes a thread (ptxas, sm_90, bf16), so it runs uncapped; past N = 16384
+// sm_90 runs plans::kForwardAddLong instead (as RMSNorm's), so no fused-add
+// kernel is built for the cluster rows (null).
 // W_AS_X: w and b read in x's dtype (fwd_rows_body), on the rows that read
 // them per step; the persistent rows keep them in fp32 registers either way.
+template <typename X, typename O, typename Row, bool W_AS_X, std::size_t I>
+const void* forward_row_kernel() {
+  constexpr const plans::RowPlan& c = kLayerForward[I];
+  constexpr bool kAdd = Row::kExtraIn > 0;
+  if constexpr (kAdd && c.cluster > 1) {
+    return nullptr;
+  } else {
+    return fwd_kernel_for<X, O, c.block, c.group, c.chunks, c.stages, c.persistent,
+                          kAdd ? 0 : c.min_blocks, c.cluster, Row, W_AS_X && !c.persistent>();
+  }
+}
 template <typename X, typename O, typename Row, bool W_AS_X, std::size_t... I>
 const void* forward_kernel(int row, std::index_sequence<I...>) {
-  constexpr bool kAdd = Row::kExtraIn > 0;
-  static const void* const kernels[] = {fwd_kernel_for<
-      X, O, kLayerForward[I].block, kLayerForward[I].group, kLayerForward[I].chunks,
-      kLayerForward[I].stages, kLayerForward[I].persistent,
-      kAdd ? 0 : kLayerForward[I].min_blocks, kLayerForward[I].cluster, Row,
-      W_AS_X && !kLayerForward[I].persistent>()...};
+  static const void* const kernels[] = {forward_row_kernel<X, O, Row, W_AS_X, I>()...};
   return kernels[row];
 }
 
@@ -50,10 +57,11 @@ std::pair<const plans::RowPlan*, const void*> forward_row(int n, bool add, bool 
   const int row = n % full == 0 ? detail::table_row(kLayerForward, n / full) : -1;
   if (row < 0) return {nullptr, nullptr};
   const bool clusters = detail::target().family >= 90;
-  const bool add_long = add && clusters && plans::add_long(kLayerForward[row]);
-  const plans::RowPlan& cfg = add_long ? plans::kForwardAddLong : kLayerForward[row];
+  const int add_long = add && clusters ? plans::add_long_row(n / full) : -1;
+  const plans::RowPlan& cfg =
+      add_long >= 0 ? plans::kForwardAddLong[add_long] : kLayerForward[row];
   constexpr auto rows = std::make_index_sequence<std::size(kLayerForward)>{};
-  const void* fn = add_long ? add_long_kernel<X, O, AddLayerRow>()
+  const void* fn = add_long >= 0 ? add_long_kernel<X, O, AddLayerRow>(add_long)
                    : add    ? (w_as_x ? forward_kernel<X, O, AddLayerRow, true>(row, rows)
                                       : forward_kernel<X, O, AddLayerRow, false>(row, rows))
                             : (w_as_x ? forward_kernel<X, O, LayerRow, true>(row, rows)

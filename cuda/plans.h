@@ -173,23 +173,33 @@ inline constexpr RowPlan kForward[] = {
     // Longer rows span a thread-block cluster (sm_90 on; elsewhere the looped
     // kernel): each block holds a slice in registers, the sums of squares
     // cross the cluster, and the row is read once (the looped kernel reads
-    // it twice). N <= 65536 and 131072: 512 x 4 slices, 4 and 8 blocks (8:
-    // the largest portable cluster; 1024 x 4 slices would spill the fused
-    // add's x and residual, as its N <= 32768 row does)
+    // it twice). 512 x 8 slices of 2 and 4 blocks capped at 64 registers, two
+    // blocks a SM: twice the bytes in flight of the 512 x 4 slices of 4 and 8
+    // (one block a SM at 55 registers) and half the blocks that wait on the
+    // cluster's sums (H100: 2048x65536 94.4% of a copy against 77.5%,
+    // 1024x131072 89.9% against 72.8%; 256 x 8 slices of 8 90.1%)
+    upto(8192).block(512).group(512).chunks(8).persistent(false).cluster(2).min_blocks(2),
+    upto(16384).block(512).group(512).chunks(8).persistent(false).cluster(4).min_blocks(2),
+};
+
+// The fused add's forward past N = 16384 (kForwardAddLongPast vectors) on
+// sm_90: x and the residual outgrow the registers of kForward's rows there (a
+// 1024 x 4 row spilled 272 bytes in bf16, 4096x32768 in 655 us, 39% of the
+// copy, against 149 us without the add; 512 x 8 slices 128 registers and
+// spills), so its rows are 512 x 4 slices of 2, 4 and 8 blocks, uncapped (a
+// 64-register cap spills 96-290 bytes). Elsewhere it keeps kForward's rows.
+inline constexpr int kForwardAddLongPast = 2048;
+inline constexpr RowPlan kForwardAddLong[] = {
+    upto(4096).block(512).group(512).chunks(4).persistent(false).cluster(2),
     upto(8192).block(512).group(512).chunks(4).persistent(false).cluster(4),
     upto(16384).block(512).group(512).chunks(4).persistent(false).cluster(8),
 };
-
-// The fused add's forward at N <= 32768 (sm_90): x and the residual of a
-// 1024 x 4 row do not fit its 64 registers a thread (ptxas: 272 bytes of
-// spills in bf16; 4096x32768 took 655 us, 39% of the copy, against 149 us
-// without the add), so the row spans a cluster of two 512 x 4 blocks instead.
-// Elsewhere it keeps kForward's row.
-inline constexpr RowPlan kForwardAddLong =
-    upto(4096).block(512).group(512).chunks(4).persistent(false).cluster(2);
-// Whether a forward table's row is the one kForwardAddLong replaces.
-constexpr bool add_long(const RowPlan& p) {
-  return p.block == 1024 && p.max_nvec == kForwardAddLong.max_nvec;
+// The fused add's row of kForwardAddLong for rows of nvec vectors, or -1.
+constexpr int add_long_row(int nvec) {
+  if (nvec <= kForwardAddLongPast) return -1;
+  for (int i = 0; i < int(std::size(kForwardAddLong)); ++i)
+    if (nvec <= kForwardAddLong[i].max_nvec) return i;
+  return -1;
 }
 
 // Forward, one wave of rows (decode: a token's 1-64 rows, at most one step of
@@ -257,9 +267,10 @@ inline constexpr RowPlan kLayerBackwardSm80[] = {
 // Where the stages and the fp32 weight do not fit a block (16-bit x with fp32
 // g past N = 8192), the weight stays in registers (WeightInRegisters<Row>).
 inline constexpr RowPlan kLayerBackwardWRegsSm90[] = {
-    // N <= 16384: 1024 x 2 (64 registers; ptxas, sm_90: 256-672 bytes of
-    // spill stores a thread, NOTES "LayerNorm")
-    upto(2048).block(1024).group(1024).chunks(2).stages(2).bulk(),
+    // N <= 16384: 512 x 4, 128 registers (H200, bf16 g, 8192x16384: 220.7
+    // us, level with the shared weight's 220.1; 1024 x 2 at 64 registers
+    // spilled 300-500 bytes a thread and took 266.1)
+    upto(2048).block(512).group(512).chunks(4).stages(2).bulk(),
     // N <= 32768, 65536 (the fused add, fp32 g): 512 x 2 slices of 4 and 8
     // blocks, half the stages of the 512 x 4 rows (not tuned)
     upto(4096).block(512).group(512).chunks(2).stages(2).cluster(4),
@@ -283,11 +294,11 @@ inline constexpr RowPlan kLayerForward[] = {
     kForward[5], kForward[6], kForward[7], kForward[8], kForward[9], kForward[10],
     // N <= 16384: 512 x 4 capped at 64 registers, 2 blocks a SM (ahead of uncapped)
     upto(2048).block(512).group(512).chunks(4).persistent(false).min_blocks(2),
-    // N <= 32768: RMSNorm's row (not measured); the fused add's is
-    // kForwardAddLong on sm_90
-    kForward[12],
-    // N <= 65536, 131072: RMSNorm's cluster rows (sm_90 on; not tuned)
-    kForward[13], kForward[14],
+    // N <= 32768: RMSNorm's row (not measured); past it RMSNorm's cluster
+    // rows (sm_90 on; capped: 63 registers with w and b read as x, 64 and 36
+    // bytes of spills with the general read in bf16). The fused add's rows
+    // past N = 16384 are kForwardAddLong on sm_90.
+    kForward[12], kForward[13], kForward[14],
 };
 
 // The fused residual add (add_rms_norm, add_layer_norm) runs the rows above,
@@ -357,7 +368,7 @@ constexpr bool clusters_split_rows(const RowPlan (&table)[K]) {
 static_assert(clusters_split_rows(kBackwardSm90) && clusters_split_rows(kForward) &&
                   clusters_split_rows(kLayerBackwardSm90) &&
                   clusters_split_rows(kLayerBackwardWRegsSm90) &&
-                  clusters_split_rows(kLayerForward) && splits_one_row(kForwardAddLong),
+                  clusters_split_rows(kLayerForward) && clusters_split_rows(kForwardAddLong),
               "a cluster row: a row a step, at most 8 blocks (portable), each slice in one block");
 static_assert(without(kBackwardSm80, &RowPlan::cluster, 1) &&
                   without(kLayerBackwardSm80, &RowPlan::cluster, 1) &&
@@ -365,18 +376,18 @@ static_assert(without(kBackwardSm80, &RowPlan::cluster, 1) &&
                   without(kForwardOneWave, &RowPlan::cluster, 1),
               "clusters: the sm_90 backward tables, and the forward's, which the planners "
               "skip before sm_90");
-// The fused add's forward swaps exactly one row of each forward table, the
-// only 1024-thread one, for kForwardAddLong on sm_90 (forward.cu, layer_norm.cu).
+// The fused add's rows take over where kForward's row past
+// kForwardAddLongPast begins, and end where the forward tables end.
 template <std::size_t K>
-constexpr bool one_add_long(const RowPlan (&table)[K]) {
-  int swapped = 0;
-  for (std::size_t i = 0; i < K; ++i) {
-    if (table[i].block == 1024 && !add_long(table[i])) return false;
-    swapped += add_long(table[i]);
-  }
-  return swapped == 1;
+constexpr bool add_long_covers(const RowPlan (&table)[K]) {
+  int past = -1;  // the first row past kForwardAddLongPast
+  for (std::size_t i = 0; i < K && past < 0; ++i)
+    if (table[i].max_nvec > kForwardAddLongPast) past = int(i);
+  return past > 0 && table[past - 1].max_nvec == kForwardAddLongPast &&
+         table[K - 1].max_nvec == kForwardAddLong[std::size(kForwardAddLong) - 1].max_nvec;
 }
-static_assert(one_add_long(kForward) && one_add_long(kLayerForward));
+static_assert(ascending(kForwardAddLong) && complete(kForwardAddLong) &&
+              add_long_covers(kForward) && add_long_covers(kLayerForward));
 static_assert(without(kBackwardSm80, &RowPlan::bulk) &&
                   without(kLayerBackwardSm80, &RowPlan::bulk) &&
                   without(kLayerBackwardWRegsSm80, &RowPlan::bulk),
