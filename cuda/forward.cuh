@@ -112,7 +112,10 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
         }
       }
 #pragma unroll
-      for (int j = 0; j < CHUNKS; ++j) xv[j] = Row::row_in(xv[j], ev[j]);
+      for (int j = 0; j < CHUNKS; ++j) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) xv[j].v[k] = Row::row_in(xv[j].v[k], ev[j].v[k]);
+      }
     } else {
 #pragma unroll
       for (int j = 0; j < CHUNKS; ++j) {
@@ -147,7 +150,8 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
         XV first = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + start)[0];
         if constexpr (kExtra) {  // the shift is h's: its first vector
           const XV e0 = reinterpret_cast<const XV*>(static_cast<const X*>(a.residual) + start)[0];
-          first = Row::row_in(first, e0);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) first.v[k] = Row::row_in(first.v[k], e0.v[k]);
         }
         st.shift = vec_mean(first);
       } else {
@@ -286,17 +290,14 @@ const void* fwd_kernel_for() {
 }
 
 // The host stub of the fused add's row past N = 16384 (plans::kForwardAddLong,
-// by row) with policy Row (AddRmsRow or AddLayerRow). AddLayerRow runs
-// uncapped: under the cap its shift and bias spilled 4-72 bytes (ptxas,
-// sm_90, bf16 and fp16).
+// by row) with policy Row (AddRmsRow or AddLayerRow).
 template <typename X, typename O, typename Row, std::size_t... I>
 const void* add_long_kernel(int row, std::index_sequence<I...>) {
   using plans::kForwardAddLong;
-  constexpr bool kCapped = !Row::kShift;
   static const void* const kernels[] = {
       fwd_kernel_for<X, O, kForwardAddLong[I].block, kForwardAddLong[I].group,
                      kForwardAddLong[I].chunks, kForwardAddLong[I].stages,
-                     kForwardAddLong[I].persistent, kCapped ? kForwardAddLong[I].min_blocks : 0,
+                     kForwardAddLong[I].persistent, kForwardAddLong[I].min_blocks,
                      kForwardAddLong[I].cluster, Row>()...};
   return kernels[row];
 }
@@ -328,7 +329,8 @@ __global__ void __launch_bounds__(BLOCK) fwd_looped(const FwdArgs a) {
       XV xv = xr[v];
       if constexpr (ADD) {
         const XV ev = er[v];
-        xv = AddRmsRow::row_in(xv, ev);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) xv.v[k] = AddRmsRow::row_in(xv.v[k], ev.v[k]);
         hr[v] = xv;
       }
 #pragma unroll

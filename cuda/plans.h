@@ -183,16 +183,16 @@ inline constexpr RowPlan kForward[] = {
 };
 
 // The fused add's forward past N = 16384 (kForwardAddLongPast vectors) on
-// sm_90: x and the residual, two held rows, do not fit kForward's 512 x 8
-// slices (128 registers and spills), so its rows are 512 x 4 slices of 2, 4
-// and 8 blocks, capped at two blocks a SM as kForward's are (AddRmsRow: 63-64
-// registers, no spills; AddLayerRow runs them uncapped, layer_norm.cu says
-// why). Elsewhere it keeps kForward's rows.
+// sm_90: x and the residual outgrow the registers of kForward's rows there (a
+// 1024 x 4 row spilled 272 bytes in bf16, 4096x32768 in 655 us, 39% of the
+// copy, against 149 us without the add; 512 x 8 slices 128 registers and
+// spills), so its rows are 512 x 4 slices of 2, 4 and 8 blocks, uncapped (a
+// 64-register cap spills 96-290 bytes). Elsewhere it keeps kForward's rows.
 inline constexpr int kForwardAddLongPast = 2048;
 inline constexpr RowPlan kForwardAddLong[] = {
-    upto(4096).block(512).group(512).chunks(4).persistent(false).cluster(2).min_blocks(2),
-    upto(8192).block(512).group(512).chunks(4).persistent(false).cluster(4).min_blocks(2),
-    upto(16384).block(512).group(512).chunks(4).persistent(false).cluster(8).min_blocks(2),
+    upto(4096).block(512).group(512).chunks(4).persistent(false).cluster(2),
+    upto(8192).block(512).group(512).chunks(4).persistent(false).cluster(4),
+    upto(16384).block(512).group(512).chunks(4).persistent(false).cluster(8),
 };
 // The fused add's row of kForwardAddLong for rows of nvec vectors, or -1.
 constexpr int add_long_row(int nvec) {
@@ -295,9 +295,9 @@ inline constexpr RowPlan kLayerForward[] = {
     // N <= 16384: 512 x 4 capped at 64 registers, 2 blocks a SM (ahead of uncapped)
     upto(2048).block(512).group(512).chunks(4).persistent(false).min_blocks(2),
     // N <= 32768: RMSNorm's row (not measured); past it RMSNorm's cluster
-    // rows (sm_90 on; capped: 63 registers with w and b read as x; with the
-    // general read, 36 bytes of spills in bf16, 52 in fp16). The fused add's
-    // rows past N = 16384 are kForwardAddLong on sm_90.
+    // rows (sm_90 on; capped: 63 registers with w and b read as x, 64 and 36
+    // bytes of spills with the general read in bf16). The fused add's rows
+    // past N = 16384 are kForwardAddLong on sm_90.
     kForward[12], kForward[13], kForward[14],
 };
 
