@@ -295,9 +295,9 @@ inline constexpr RowPlan kLayerForward[] = {
     // N <= 16384: 512 x 4 capped at 64 registers, 2 blocks a SM (ahead of uncapped)
     upto(2048).block(512).group(512).chunks(4).persistent(false).min_blocks(2),
     // N <= 32768: RMSNorm's row (not measured); past it RMSNorm's cluster
-    // rows (sm_90 on; capped: 63 registers with w and b read as x, 64 and 36
-    // bytes of spills with the general read in bf16). The fused add's rows
-    // past N = 16384 are kForwardAddLong on sm_90.
+    // rows (sm_90 on; capped: 63 registers with w and b read as x; with the
+    // general read, 36 bytes of spills in bf16, 52 in fp16). The fused add's
+    // rows past N = 16384 are kForwardAddLong on sm_90.
     kForward[12], kForward[13], kForward[14],
 };
 
