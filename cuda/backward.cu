@@ -13,38 +13,18 @@ namespace {
 using detail::ceil_div;
 using detail::make_call;
 
-// The persistent kernel of row `row` of a family's table. ADD: the fused
-// residual add's backward (BwdArgs::gh set: the AddRmsRow policy of the same
-// walk) on the same row (plans.h).
-template <typename X, typename G, bool ADD, const auto& Table, std::size_t... I>
-const void* persistent_kernel(int row, std::index_sequence<I...>) {
-  static const void* const kernels[] = {
-      persistent_kernel_for<X, G, Table[I].block, Table[I].group, Table[I].chunks,
-                            Table[I].stages, Table[I].bulk, Table[I].min_blocks,
-                            Table[I].cluster, std::conditional_t<ADD, AddRmsRow, RmsRow>>()...};
-  return kernels[row];
-}
-
-// The row of `Table` for rows of nvec vectors, and its kernel; nulls when the
-// row is longer than the table goes.
-template <typename X, typename G, bool ADD, const auto& Table>
-std::pair<const plans::RowPlan*, const void*> row_of(int nvec) {
-  const int row = detail::table_row(Table, nvec);
-  if (row < 0) return {nullptr, nullptr};
-  return {&Table[row], persistent_kernel<X, G, ADD, Table>(
-                           row, std::make_index_sequence<std::size(Table)>{})};
-}
-
 // The family's table (plans.h): families 80 and 75 share one.
 template <typename X, typename G>
 std::pair<const plans::RowPlan*, const void*> persistent_row(int family, int nvec,
                                                              bool add) {
+  // ADD: the fused residual add's backward (BwdArgs::gh set: the AddRmsRow
+  // policy of the same walk) on the same rows (plans.h).
   if (add) {
-    return family >= 90 ? row_of<X, G, true, plans::kBackwardSm90>(nvec)
-                        : row_of<X, G, true, plans::kBackwardSm80>(nvec);
+    return family >= 90 ? persistent_row_of<X, G, AddRmsRow, plans::kBackwardSm90>(nvec)
+                        : persistent_row_of<X, G, AddRmsRow, plans::kBackwardSm80>(nvec);
   }
-  return family >= 90 ? row_of<X, G, false, plans::kBackwardSm90>(nvec)
-                      : row_of<X, G, false, plans::kBackwardSm80>(nvec);
+  return family >= 90 ? persistent_row_of<X, G, RmsRow, plans::kBackwardSm90>(nvec)
+                      : persistent_row_of<X, G, RmsRow, plans::kBackwardSm80>(nvec);
 }
 
 // A colsum launch over n columns and `slices` row slices (grid.y), with

@@ -8,9 +8,12 @@
 // free, and the backward then works for any caller (no forward state).
 #pragma once
 
+#include <iterator>
 #include <type_traits>
+#include <utility>
 
 #include "common.cuh"
+#include "plans.h"
 #include "row_math.cuh"
 
 namespace rmsnorm {
@@ -389,21 +392,45 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) bwd_persistent_capped(const
   persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1>(a);
 }
 
-// The host stub of a backward plan row (plans.h) with policy Row.
-template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK, int MIN_BLOCKS, int CLUSTER, typename Row>
+// The host stub of plan row Table[I] (plans.h) with policy Row.
+template <typename X, typename G, typename Row, const auto& Table, std::size_t I>
 const void* persistent_kernel_for() {
-  static_assert(CLUSTER == 1 || MIN_BLOCKS == 0, "cluster rows take no register cap");
-  if constexpr (CLUSTER > 1) {
+  constexpr int kBlock = Table[I].block, kGroup = Table[I].group, kChunks = Table[I].chunks,
+                kStages = Table[I].stages, kMinBlocks = Table[I].min_blocks,
+                kCluster = Table[I].cluster;
+  constexpr bool kBulk = Table[I].bulk;
+  static_assert(kCluster == 1 || kMinBlocks == 0, "cluster rows take no register cap");
+  if constexpr (kCluster > 1) {
     return reinterpret_cast<const void*>(
-        &bwd_persistent_cluster<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER, Row>);
-  } else if constexpr (MIN_BLOCKS > 0) {
+        &bwd_persistent_cluster<X, G, kBlock, kGroup, kChunks, kStages, kBulk, kCluster, Row>);
+  } else if constexpr (kMinBlocks > 0) {
     return reinterpret_cast<const void*>(
-        &bwd_persistent_capped<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, MIN_BLOCKS, Row>);
+        &bwd_persistent_capped<X, G, kBlock, kGroup, kChunks, kStages, kBulk, kMinBlocks, Row>);
   } else {
     return reinterpret_cast<const void*>(
-        &bwd_persistent<X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, Row>);
+        &bwd_persistent<X, G, kBlock, kGroup, kChunks, kStages, kBulk, Row>);
   }
+}
+
+// Table's kernels with policy Row, by row (built once).
+template <typename X, typename G, typename Row, const auto& Table, std::size_t... I>
+const void* persistent_kernel_for(int row, std::index_sequence<I...>) {
+  static const void* const kernels[] = {persistent_kernel_for<X, G, Row, Table, I>()...};
+  return kernels[row];
+}
+template <typename X, typename G, typename Row, const auto& Table>
+const void* persistent_kernel_for(int row) {
+  return persistent_kernel_for<X, G, Row, Table>(row,
+                                                 std::make_index_sequence<std::size(Table)>{});
+}
+
+// The row of Table (plans.h) for rows of nvec vectors and its kernel with
+// policy Row; nulls past the table.
+template <typename X, typename G, typename Row, const auto& Table>
+std::pair<const plans::RowPlan*, const void*> persistent_row_of(int nvec) {
+  const int row = plans::row_for(Table, nvec);
+  if (row < 0) return {nullptr, nullptr};
+  return {&Table[row], persistent_kernel_for<X, G, Row, Table>(row)};
 }
 
 // Sum of (x^2, g*w*x) over one row, by a whole block, VEC elements at a time.

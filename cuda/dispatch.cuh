@@ -1,5 +1,5 @@
 // Host-side helpers for the planners: kernel handles, occupancy, dtype
-// dispatch and table indexing. Internal to cuda/.
+// dispatch. Internal to cuda/.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -83,14 +83,6 @@ decltype(auto) with_types(DType a, DType b, F&& f) {
     default:
       throw std::invalid_argument("rmsnorm: unsupported dtype");
   }
-}
-
-// Index of the first table row whose max_nvec covers nvec, or -1.
-template <typename Table, std::size_t K>
-int table_row(const Table (&table)[K], int nvec) {
-  for (std::size_t i = 0; i < K; ++i)
-    if (nvec <= table[i].max_nvec) return static_cast<int>(i);
-  return -1;
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -15,43 +15,18 @@ namespace {
 using plans::kForward;
 using plans::kForwardOneWave;
 
-// ADD: the fused residual add (FwdArgs::residual set; the AddRmsRow policy
-// of the same kernel) runs the same table rows up to N = 16384: its row lives
-// in registers exactly as x does (h replaces x after the add), and the extra
-// read and write only scale the traffic that the rows were sized for. Not
-// separately tuned: docs/fused-add.md has its measurements on these rows.
-// Past them sm_90 runs plans::kForwardAddLong, so no fused-add kernel is
-// built for the cluster rows (null), and elsewhere the looped kernel.
-// W_FIRST: the weight goes into registers while x is in flight (the
-// persistent rows' way) even where the table reads it after the reduction;
-// not in 1024-thread blocks, whose 64 registers a thread cannot hold it
-// (ptxas spills).
-// Cluster rows read w after the reduction either way (a row is many waves).
-template <typename X, typename O, bool ADD, bool W_FIRST, std::size_t I>
-const void* row_kernel() {
-  constexpr const plans::RowPlan& c = kForward[I];
-  if constexpr (ADD && c.cluster > 1) {
-    return nullptr;
-  } else {
-    return fwd_kernel_for<X, O, c.block, c.group, c.chunks, c.stages,
-                          c.persistent || (W_FIRST && c.block <= 512 && c.cluster == 1),
-                          c.min_blocks, c.cluster, std::conditional_t<ADD, AddRmsRow, RmsRow>>();
-  }
-}
-template <typename X, typename O, bool ADD, bool W_FIRST, std::size_t... I>
-const void* rows_kernel(int row, std::index_sequence<I...>) {
-  static const void* const kernels[] = {row_kernel<X, O, ADD, W_FIRST, I>()...};
-  return kernels[row];
-}
-
-// The one-wave rows (plans::kForwardOneWave): w read beside x, in registers.
-template <typename X, typename O, bool ADD, std::size_t... I>
-const void* one_wave_kernel(int row, std::index_sequence<I...>) {
-  static const void* const kernels[] = {reinterpret_cast<const void*>(
-      &fwd_rows<X, O, kForwardOneWave[I].block, kForwardOneWave[I].group,
-                kForwardOneWave[I].chunks, 1, true,
-                std::conditional_t<ADD, AddRmsRow, RmsRow>>)...};
-  return kernels[row];
+// The fused add (FwdArgs::residual set: AddRmsRow, the same kernel's policy)
+// runs the same table rows up to N = 16384: its row lives in registers
+// exactly as x does (h replaces x after the add), and the extra read and
+// write only scale the traffic that the rows were sized for. Not separately
+// tuned: docs/fused-add.md has its measurements on these rows. Past them
+// sm_90 runs plans::kForwardAddLong (planned_fwd_kernel, forward.cuh).
+// W_FIRST: w loaded beside x even where the table reads it after the
+// reduction (one wave of rows, below).
+template <typename X, typename O, bool ADD, bool W_FIRST = false>
+const void* row_kernel(int row) {
+  return planned_fwd_kernel<X, O, std::conditional_t<ADD, AddRmsRow, RmsRow>, kForward,
+                            W_FIRST>(row);
 }
 
 template <typename X, typename O, int VEC, bool ADD>
@@ -76,7 +51,7 @@ Plan plan_forward(const FwdArgs& a) {
     using O = typename decltype(to)::type;
     constexpr int full = 16 / sizeof(X);
     const bool add = a.residual != nullptr;
-    const int row = detail::table_row(kForward, a.n / full);
+    const int row = plans::row_for(kForward, a.n / full);
     auto looped = [&](auto v) {
       constexpr int kVec = decltype(v)::value;
       return add ? plan_looped<X, O, kVec, true>(a, p) : plan_looped<X, O, kVec, false>(a, p);
@@ -87,21 +62,19 @@ Plan plan_forward(const FwdArgs& a) {
     // more than one vector deep. The fused add takes them too (a decode
     // step's add + norm after attention): its residual is one more load
     // beside x, in flight at the same time.
-    const int wave_row = detail::table_row(kForwardOneWave, a.n / full);
+    const int wave_row = plans::row_for(kForwardOneWave, a.n / full);
     if (wave_row >= 0) {
       const auto& cfg = kForwardOneWave[wave_row];
       const int64_t steps = detail::ceil_div(a.rows, cfg.block / cfg.group);
       if (steps <= detail::sm_count()) {
-        constexpr auto rows = std::make_index_sequence<std::size(kForwardOneWave)>{};
-        const void* fn = add ? one_wave_kernel<X, O, true>(wave_row, rows)
-                             : one_wave_kernel<X, O, false>(wave_row, rows);
+        const void* fn = add ? fwd_kernel_for<X, O, AddRmsRow, kForwardOneWave>(wave_row)
+                             : fwd_kernel_for<X, O, RmsRow, kForwardOneWave>(wave_row);
         p.calls.push_back(detail::make_call(fn, dim3(steps), dim3(cfg.block), 0,
                                             "fwd_rows_one_wave"));
         return;
       }
     }
     if (row < 0) return looped(std::integral_constant<int, full>{});
-    constexpr auto rows = std::make_index_sequence<std::size(kForward)>{};
     // The fused add's own rows where its x and residual outgrow kForward's
     // rows' registers (plans::kForwardAddLong), on GPUs with clusters.
     const bool clusters = detail::target().family >= 90;
@@ -109,9 +82,10 @@ Plan plan_forward(const FwdArgs& a) {
     const auto& cfg = add_long >= 0 ? plans::kForwardAddLong[add_long] : kForward[row];
     if (cfg.cluster > 1) {
       // A row a cluster (sm_90 on): a block per slice, a cluster per row.
-      const void* fn = add_long >= 0 ? add_long_kernel<X, O, AddRmsRow>(add_long)
-                       : add    ? rows_kernel<X, O, true, false>(row, rows)
-                                : rows_kernel<X, O, false, false>(row, rows);
+      const void* fn =
+          add_long >= 0 ? fwd_kernel_for<X, O, AddRmsRow, plans::kForwardAddLong>(add_long)
+          : add         ? row_kernel<X, O, true>(row)
+                        : row_kernel<X, O, false>(row);
       if (!clusters || detail::clusters_resident(fn, cfg.block, 0) == 0)
         return looped(std::integral_constant<int, full>{});
       const int64_t grid =
@@ -128,9 +102,9 @@ Plan plan_forward(const FwdArgs& a) {
     // hide that latency behind other blocks' loads, and there the table's
     // low-register kernel wins.
     const bool one_wave = steps <= detail::sm_count();
-    const void* fn = add        ? rows_kernel<X, O, true, false>(row, rows)
-                     : one_wave ? rows_kernel<X, O, false, true>(row, rows)
-                                : rows_kernel<X, O, false, false>(row, rows);
+    const void* fn = add        ? row_kernel<X, O, true>(row)
+                     : one_wave ? row_kernel<X, O, false, true>(row)
+                                : row_kernel<X, O, false>(row);
     // (the kernel strides over rows, so any grid covers them all)
     int64_t grid = std::min<int64_t>(steps, std::numeric_limits<int32_t>::max());
     if (cfg.persistent) {

@@ -272,39 +272,75 @@ __global__ void RMSNORM_CLUSTER_DIMS(CLUSTER)
 #endif
 }
 
-// The host stub of a forward plan row (plans.h) with policy Row.
-template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT, int MIN_BLOCKS, int CLUSTER, typename Row, bool W_AS_X = false>
+// The host stub of plan row Table[I] (plans.h) with policy Row, as the
+// table gives it; a caller may load w beside x (PERSISTENT, fwd_rows), drop
+// the register cap (MIN_BLOCKS 0) or read w and b as x (W_AS_X).
+template <typename X, typename O, typename Row, const auto& Table, std::size_t I,
+          bool PERSISTENT = Table[I].persistent, int MIN_BLOCKS = Table[I].min_blocks,
+          bool W_AS_X = false>
 const void* fwd_kernel_for() {
-  if constexpr (CLUSTER > 1) {
-    return reinterpret_cast<const void*>(&fwd_rows_cluster<X, O, BLOCK, GROUP, CHUNKS, STAGES,
-                                                           PERSISTENT, CLUSTER, MIN_BLOCKS, Row,
-                                                           W_AS_X>);
+  constexpr int kBlock = Table[I].block, kGroup = Table[I].group, kChunks = Table[I].chunks,
+                kStages = Table[I].stages, kCluster = Table[I].cluster;
+  if constexpr (kCluster > 1) {
+    return reinterpret_cast<const void*>(
+        &fwd_rows_cluster<X, O, kBlock, kGroup, kChunks, kStages, PERSISTENT, kCluster,
+                          MIN_BLOCKS, Row, W_AS_X>);
   } else if constexpr (MIN_BLOCKS > 0) {
     return reinterpret_cast<const void*>(
-        &fwd_rows_capped<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, MIN_BLOCKS, Row, W_AS_X>);
+        &fwd_rows_capped<X, O, kBlock, kGroup, kChunks, kStages, PERSISTENT, MIN_BLOCKS, Row,
+                         W_AS_X>);
   } else {
     return reinterpret_cast<const void*>(
-        &fwd_rows<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row, W_AS_X>);
+        &fwd_rows<X, O, kBlock, kGroup, kChunks, kStages, PERSISTENT, Row, W_AS_X>);
   }
 }
 
-// The host stub of the fused add's row past N = 16384 (plans::kForwardAddLong,
-// by row) with policy Row (AddRmsRow or AddLayerRow).
-template <typename X, typename O, typename Row, std::size_t... I>
-const void* add_long_kernel(int row, std::index_sequence<I...>) {
-  using plans::kForwardAddLong;
-  static const void* const kernels[] = {
-      fwd_kernel_for<X, O, kForwardAddLong[I].block, kForwardAddLong[I].group,
-                     kForwardAddLong[I].chunks, kForwardAddLong[I].stages,
-                     kForwardAddLong[I].persistent, kForwardAddLong[I].min_blocks,
-                     kForwardAddLong[I].cluster, Row>()...};
+// Table's kernels with policy Row, by row (built once).
+template <typename X, typename O, typename Row, const auto& Table, std::size_t... I>
+const void* fwd_kernel_for(int row, std::index_sequence<I...>) {
+  static const void* const kernels[] = {fwd_kernel_for<X, O, Row, Table, I>()...};
   return kernels[row];
 }
-template <typename X, typename O, typename Row>
-const void* add_long_kernel(int row) {
-  return add_long_kernel<X, O, Row>(
-      row, std::make_index_sequence<std::size(plans::kForwardAddLong)>{});
+template <typename X, typename O, typename Row, const auto& Table>
+const void* fwd_kernel_for(int row) {
+  return fwd_kernel_for<X, O, Row, Table>(row, std::make_index_sequence<std::size(Table)>{});
+}
+
+// The kernel the planners run for row Table[I] of the norms' shared forward
+// rows (plans::kForward, plans::kLayerForward) with policy Row:
+// - the fused add (Row::kExtraIn) holds its residual beside x, so it runs
+//   uncapped (under LayerNorm's cap it spilled 190-330 bytes a thread, ptxas,
+//   sm_90, bf16) and has no kernel (null) on the cluster rows: sm_90 runs
+//   plans::kForwardAddLong past N = 16384, other GPUs the looped kernel;
+// - W_FIRST: w loaded beside x (PERSISTENT's read) on rows of one block of at
+//   most 512 threads (1024 threads' 64 registers cannot hold it: spills);
+// - W_AS_X: w and b read in x's dtype on the rows that read them per step
+//   (the persistent rows keep them in fp32 registers either way).
+template <typename X, typename O, typename Row, const auto& Table, bool W_FIRST, bool W_AS_X,
+          std::size_t I>
+const void* planned_fwd_kernel() {
+  constexpr const plans::RowPlan& c = Table[I];
+  constexpr bool kAdd = Row::kExtraIn > 0;
+  if constexpr (kAdd && c.cluster > 1) {
+    return nullptr;
+  } else {
+    return fwd_kernel_for<X, O, Row, Table, I,
+                          c.persistent || (W_FIRST && c.block <= 512 && c.cluster == 1),
+                          kAdd ? 0 : c.min_blocks, W_AS_X && !c.persistent>();
+  }
+}
+template <typename X, typename O, typename Row, const auto& Table, bool W_FIRST, bool W_AS_X,
+          std::size_t... I>
+const void* planned_fwd_kernel(int row, std::index_sequence<I...>) {
+  static const void* const kernels[] = {
+      planned_fwd_kernel<X, O, Row, Table, W_FIRST, W_AS_X, I>()...};
+  return kernels[row];
+}
+template <typename X, typename O, typename Row, const auto& Table, bool W_FIRST = false,
+          bool W_AS_X = false>
+const void* planned_fwd_kernel(int row) {
+  return planned_fwd_kernel<X, O, Row, Table, W_FIRST, W_AS_X>(
+      row, std::make_index_sequence<std::size(Table)>{});
 }
 
 // Any N, any alignment (VEC = 1 when needed): a block per row, a first pass

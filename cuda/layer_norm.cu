@@ -24,28 +24,12 @@ using detail::make_call;
 using plans::kLayerForward;
 
 // Row: LayerRow, or AddLayerRow for the fused residual add (FwdArgs::residual
-// set), on the same table rows up to N = 16384. The add's row holds the
-// residual beside x: under the plain row's register cap it spilled 190-330
-// bytes a thread (ptxas, sm_90, bf16), so it runs uncapped; past N = 16384
-// sm_90 runs plans::kForwardAddLong instead (as RMSNorm's), so no fused-add
-// kernel is built for the cluster rows (null).
-// W_AS_X: w and b read in x's dtype (fwd_rows_body), on the rows that read
-// them per step; the persistent rows keep them in fp32 registers either way.
-template <typename X, typename O, typename Row, bool W_AS_X, std::size_t I>
-const void* forward_row_kernel() {
-  constexpr const plans::RowPlan& c = kLayerForward[I];
-  constexpr bool kAdd = Row::kExtraIn > 0;
-  if constexpr (kAdd && c.cluster > 1) {
-    return nullptr;
-  } else {
-    return fwd_kernel_for<X, O, c.block, c.group, c.chunks, c.stages, c.persistent,
-                          kAdd ? 0 : c.min_blocks, c.cluster, Row, W_AS_X && !c.persistent>();
-  }
-}
-template <typename X, typename O, typename Row, bool W_AS_X, std::size_t... I>
-const void* forward_kernel(int row, std::index_sequence<I...>) {
-  static const void* const kernels[] = {forward_row_kernel<X, O, Row, W_AS_X, I>()...};
-  return kernels[row];
+// set), on the same table rows up to N = 16384 and past them, on sm_90,
+// plans::kForwardAddLong (as RMSNorm's; planned_fwd_kernel, forward.cuh).
+// W_AS_X: w and b read in x's dtype (fwd_rows_body).
+template <typename X, typename O, typename Row, bool W_AS_X>
+const void* forward_kernel(int row) {
+  return planned_fwd_kernel<X, O, Row, kLayerForward, false, W_AS_X>(row);
 }
 
 // The forward's plan row and kernel for rows of n (the general read of w and
@@ -54,18 +38,18 @@ const void* forward_kernel(int row, std::index_sequence<I...>) {
 template <typename X, typename O>
 std::pair<const plans::RowPlan*, const void*> forward_row(int n, bool add, bool w_as_x) {
   constexpr int full = 16 / sizeof(X);
-  const int row = n % full == 0 ? detail::table_row(kLayerForward, n / full) : -1;
+  const int row = n % full == 0 ? plans::row_for(kLayerForward, n / full) : -1;
   if (row < 0) return {nullptr, nullptr};
   const bool clusters = detail::target().family >= 90;
   const int add_long = add && clusters ? plans::add_long_row(n / full) : -1;
   const plans::RowPlan& cfg =
       add_long >= 0 ? plans::kForwardAddLong[add_long] : kLayerForward[row];
-  constexpr auto rows = std::make_index_sequence<std::size(kLayerForward)>{};
-  const void* fn = add_long >= 0 ? add_long_kernel<X, O, AddLayerRow>(add_long)
-                   : add    ? (w_as_x ? forward_kernel<X, O, AddLayerRow, true>(row, rows)
-                                      : forward_kernel<X, O, AddLayerRow, false>(row, rows))
-                            : (w_as_x ? forward_kernel<X, O, LayerRow, true>(row, rows)
-                                      : forward_kernel<X, O, LayerRow, false>(row, rows));
+  const void* fn =
+      add_long >= 0 ? fwd_kernel_for<X, O, AddLayerRow, plans::kForwardAddLong>(add_long)
+      : add         ? (w_as_x ? forward_kernel<X, O, AddLayerRow, true>(row)
+                              : forward_kernel<X, O, AddLayerRow, false>(row))
+                    : (w_as_x ? forward_kernel<X, O, LayerRow, true>(row)
+                              : forward_kernel<X, O, LayerRow, false>(row));
   if (cfg.cluster > 1 && (!clusters || detail::clusters_resident(fn, cfg.block, 0) == 0))
     return {nullptr, nullptr};
   return {&cfg, fn};
@@ -76,24 +60,6 @@ std::pair<const plans::RowPlan*, const void*> forward_row(int n, bool add, bool 
 bool weights_as_x(const FwdArgs& a) {
   return a.w != nullptr && a.b != nullptr && a.w_dtype == a.x_dtype &&
          a.b_dtype == a.x_dtype && vector_width(a.x_dtype, a.n, {a.w, a.b}) != 1;
-}
-
-template <typename X, typename G, typename Row, const auto& Table, std::size_t... I>
-const void* backward_kernel(int row, std::index_sequence<I...>) {
-  static const void* const kernels[] = {persistent_kernel_for<
-      X, G, Table[I].block, Table[I].group, Table[I].chunks, Table[I].stages, Table[I].bulk,
-      Table[I].min_blocks, Table[I].cluster, Row>()...};
-  return kernels[row];
-}
-
-// A table's row for rows of nvec vectors, and its kernel with policy Row;
-// nulls past the table.
-template <typename X, typename G, typename Row, const auto& Table>
-std::pair<const plans::RowPlan*, const void*> row_of(int nvec) {
-  const int row = detail::table_row(Table, nvec);
-  if (row < 0) return {nullptr, nullptr};
-  return {&Table[row], backward_kernel<X, G, Row, Table>(
-                           row, std::make_index_sequence<std::size(Table)>{})};
 }
 
 // Final column sum of partial PART (0 gw, 1 gb, kBothParts: both in one
@@ -141,12 +107,12 @@ BackwardChoice choose_backward(int n) {
     return c.units > 0;
   };
   static_assert(Row::kWShared && !RowWRegs::kWShared);
-  if (fit(sm90 ? row_of<X, G, Row, plans::kLayerBackwardSm90>(nvec)
-               : row_of<X, G, Row, plans::kLayerBackwardSm80>(nvec),
+  if (fit(sm90 ? persistent_row_of<X, G, Row, plans::kLayerBackwardSm90>(nvec)
+               : persistent_row_of<X, G, Row, plans::kLayerBackwardSm80>(nvec),
           true))
     return c;
-  fit(sm90 ? row_of<X, G, RowWRegs, plans::kLayerBackwardWRegsSm90>(nvec)
-           : row_of<X, G, RowWRegs, plans::kLayerBackwardWRegsSm80>(nvec),
+  fit(sm90 ? persistent_row_of<X, G, RowWRegs, plans::kLayerBackwardWRegsSm90>(nvec)
+           : persistent_row_of<X, G, RowWRegs, plans::kLayerBackwardWRegsSm80>(nvec),
       false);
   return c;
 }

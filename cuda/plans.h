@@ -73,6 +73,15 @@ struct RowMaker {
 // A row for rows of up to max_nvec 16-byte vectors.
 constexpr RowMaker upto(int max_nvec) { return RowMaker{RowPlan{max_nvec, 0, 0, 0}}; }
 
+// The first row of `table` whose max_nvec covers rows of nvec 16-byte
+// vectors, or -1 past the table (the planners' lookup).
+template <std::size_t K>
+constexpr int row_for(const RowPlan (&table)[K], int nvec) {
+  for (std::size_t i = 0; i < K; ++i)
+    if (nvec <= table[i].max_nvec) return int(i);
+  return -1;
+}
+
 // Dynamic shared memory of one persistent-backward block for rows of nvec
 // 16-byte vectors of x, g being g_per_x times as wide as x (1 or 2).
 inline std::size_t persistent_smem(const RowPlan& p, int nvec, int g_per_x) {
@@ -196,10 +205,7 @@ inline constexpr RowPlan kForwardAddLong[] = {
 };
 // The fused add's row of kForwardAddLong for rows of nvec vectors, or -1.
 constexpr int add_long_row(int nvec) {
-  if (nvec <= kForwardAddLongPast) return -1;
-  for (int i = 0; i < int(std::size(kForwardAddLong)); ++i)
-    if (nvec <= kForwardAddLong[i].max_nvec) return i;
-  return -1;
+  return nvec > kForwardAddLongPast ? row_for(kForwardAddLong, nvec) : -1;
 }
 
 // Forward, one wave of rows (decode: a token's 1-64 rows, at most one step of
@@ -388,6 +394,11 @@ constexpr bool add_long_covers(const RowPlan (&table)[K]) {
 }
 static_assert(ascending(kForwardAddLong) && complete(kForwardAddLong) &&
               add_long_covers(kForward) && add_long_covers(kLayerForward));
+// One wave loads w beside x (fwd_rows PERSISTENT), a row a step, uncapped.
+static_assert(without(kForwardOneWave, &RowPlan::persistent, true) &&
+                  without(kForwardOneWave, &RowPlan::stages, 1) &&
+                  without(kForwardOneWave, &RowPlan::min_blocks),
+              "the one-wave rows are persistent, of one stage, uncapped");
 static_assert(without(kBackwardSm80, &RowPlan::bulk) &&
                   without(kLayerBackwardSm80, &RowPlan::bulk) &&
                   without(kLayerBackwardWRegsSm80, &RowPlan::bulk),

@@ -24,4 +24,6 @@ them.
   mismatch_check    the error of a build without code for the GPU
   cpu_speed         the norm on a CPU stream: built-in against the plugin
   sass_compare      two builds' SASS, function by function
+  plan_dump         the planners' launch plans on a model GPU (no GPU;
+                    plan_dump.cu): two builds' plans side by side
 """

@@ -134,18 +134,10 @@ constexpr RowPlan kFwdNew[] = {
     upto(2048).block(512).group(512).chunks(4).persistent(B).min_blocks(2),
 };
 
-template <typename Row, const auto& T, std::size_t... I>
-const void* bwd_kernel(int i, std::index_sequence<I...>) {
-  static const void* const k[] = {
-      rmsnorm::persistent_kernel_for<X, X, T[I].block, T[I].group, T[I].chunks,
-                                     T[I].stages, T[I].bulk, T[I].min_blocks, 1, Row>()...};
-  return k[i];
-}
 template <typename Row, const auto& T, bool W_AS_X, std::size_t... I>
 const void* fwd_kernel(int i, std::index_sequence<I...>) {
   static const void* const k[] = {
-      rmsnorm::fwd_kernel_for<X, X, T[I].block, T[I].group, T[I].chunks, 1, false,
-                              T[I].min_blocks, 1, Row, W_AS_X>()...};
+      rmsnorm::fwd_kernel_for<X, X, Row, T, I, T[I].persistent, T[I].min_blocks, W_AS_X>()...};
   return k[i];
 }
 
@@ -665,14 +657,13 @@ int time_shape(const Options& opt, int64_t m, int n, std::vector<Result>& summar
   candidates(
       kNew,
       [](int i) {
-        return bwd_kernel<rmsnorm::LayerRow, kNew>(i, std::make_index_sequence<std::size(kNew)>{});
+        return rmsnorm::persistent_kernel_for<X, X, rmsnorm::LayerRow, kNew>(i);
       },
       "new", true, {1, 2, 4, 8});
   candidates(
       kRegs,
       [](int i) {
-        return bwd_kernel<rmsnorm::LayerRowWRegs, kRegs>(
-            i, std::make_index_sequence<std::size(kRegs)>{});
+        return rmsnorm::persistent_kernel_for<X, X, rmsnorm::LayerRowWRegs, kRegs>(i);
       },
       "regs", false, {1});
 

@@ -102,13 +102,6 @@ constexpr RowPlan kCandidates[] = {
 };
 constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
 
-template <std::size_t... I>
-const void* kernel_of(int i, std::index_sequence<I...>) {
-  static const void* const kernels[] = {rmsnorm::persistent_kernel_for<
-      X, X, kCandidates[I].block, kCandidates[I].group, kCandidates[I].chunks,
-      kCandidates[I].stages, kCandidates[I].bulk, 0, kCandidates[I].cluster, rmsnorm::RmsRow>()...};
-  return kernels[i];
-}
 
 }  // namespace
 
@@ -158,7 +151,7 @@ int main(int argc, char** argv) {
       // Candidates for this row: the ones whose row capacity covers it
       // without doubling it (2880 bf16 = 360 vectors tries 384 and 512).
       if (p.max_nvec < nvec || p.max_nvec >= 2 * nvec) continue;
-      const void* fn = kernel_of(i, std::make_index_sequence<kCount>{});
+      const void* fn = rmsnorm::persistent_kernel_for<X, X, rmsnorm::RmsRow, kCandidates>(i);
       const int rows_per_step = p.block / p.group;
       const size_t smem = rmsnorm::plans::persistent_smem(p, nvec, 1);
       CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

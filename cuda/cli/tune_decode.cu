@@ -66,14 +66,6 @@ constexpr RowPlan kCandidates[] = {
 };
 constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
 
-template <std::size_t... I>
-const void* kernel_of(int i, std::index_sequence<I...>) {
-  static const void* const kernels[] = {reinterpret_cast<const void*>(
-      &rmsnorm::fwd_rows<X, X, kCandidates[I].block, kCandidates[I].group,
-                         kCandidates[I].chunks, kCandidates[I].stages,
-                         kCandidates[I].persistent>)...};
-  return kernels[i];
-}
 
 }  // namespace
 
@@ -101,7 +93,7 @@ int main(int argc, char** argv) {
       for (int i = 0; i < kCount; ++i) {
         const RowPlan& p = kCandidates[i];
         if (p.max_nvec != n / 8) continue;
-        const void* fn = kernel_of(i, std::make_index_sequence<kCount>{});
+        const void* fn = rmsnorm::fwd_kernel_for<X, X, rmsnorm::RmsRow, kCandidates>(i);
         const int64_t grid = (m + p.block / p.group - 1) / (p.block / p.group);
         rmsnorm::FwdArgs a{x, w, y, m, n, 1e-5f, rmsnorm::DType::BF16, rmsnorm::DType::BF16,
                            rmsnorm::DType::BF16};

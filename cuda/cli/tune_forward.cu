@@ -132,15 +132,6 @@ constexpr RowPlan kCandidates[] = {
 };
 constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
 
-template <std::size_t... I>
-const void* kernel_of(int i, std::index_sequence<I...>) {
-  static const void* const kernels[] = {rmsnorm::fwd_kernel_for<
-      X, X, kCandidates[I].block, kCandidates[I].group, kCandidates[I].chunks,
-      kCandidates[I].stages, kCandidates[I].persistent, kCandidates[I].min_blocks,
-      kCandidates[I].cluster,
-      rmsnorm::RmsRow>()...};
-  return kernels[i];
-}
 
 }  // namespace
 
@@ -180,7 +171,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < kCount; ++i) {
       const RowPlan& p = kCandidates[i];
       if (p.max_nvec < nvec || p.max_nvec >= 2 * nvec) continue;
-      const void* fn = kernel_of(i, std::make_index_sequence<kCount>{});
+      const void* fn = rmsnorm::fwd_kernel_for<X, X, rmsnorm::RmsRow, kCandidates>(i);
       const int rows_per_step = p.block / p.group;
       const int64_t steps = (m + rows_per_step - 1) / rows_per_step;
       // Grids to time: a block (cluster) per step; the resident ones for a

@@ -34,11 +34,11 @@ struct Row {
 };
 
 // The kBackwardSm90 rows of the shapes below (plans.h), with their kernels.
-template <int I>
+template <std::size_t I>
 Row table_row() {
-  constexpr RowPlan p = rmsnorm::plans::kBackwardSm90[I];
-  return {p, rmsnorm::persistent_kernel_for<X, X, p.block, p.group, p.chunks, p.stages,
-                                            p.bulk, 0, 1, rmsnorm::RmsRow>()};
+  return {rmsnorm::plans::kBackwardSm90[I],
+          rmsnorm::persistent_kernel_for<X, X, rmsnorm::RmsRow, rmsnorm::plans::kBackwardSm90,
+                                         I>()};
 }
 
 }  // namespace
