@@ -290,7 +290,7 @@ inline constexpr RowPlan kLayerBackwardWRegsSm80[] = {
 // Forward: LayerRow on RMSNorm's rows, w and b read in x's dtype where both
 // are given in it (fwd_rows W_AS_X). Register caps elsewhere spilled and lost.
 // add_layer_norm (AddLayerRow) runs these rows, its forward uncapped
-// (layer_norm.cu says why).
+// (forward.cuh planned_fwd_kernel says why).
 inline constexpr RowPlan kLayerForward[] = {
     // N <= 512: RMSNorm's rows
     kForward[0], kForward[1], kForward[2], kForward[3], kForward[4],
