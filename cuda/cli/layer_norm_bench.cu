@@ -11,7 +11,8 @@
 // the shift's worst kind of row), an fp32 row of mean 1000 and spread 1,
 // add_layer_norm, and bitwise determinism.
 //
-// Time: at each shape (bf16, the LayerNorm table's shapes), a CUDA graph of
+// Time: at each shape (bf16, the LayerNorm table's shapes and four past one
+// SM, where a row spans a thread-block cluster), a CUDA graph of
 // kCalls back-to-back calls, median us per call over G replays (as MLX runs
 // many calls in one eval), the inputs rotating over enough buffer sets that
 // a graph's bytes are several times the L2. Rows: the ceilings (x + g: two
@@ -36,6 +37,7 @@
 #include "backward.cuh"
 #include "colsum.cuh"
 #include "common.h"
+#include "dispatch.cuh"
 #include "forward.cuh"
 #include "plans.h"
 
@@ -102,6 +104,20 @@ constexpr RowPlan kNew[] = {
     // N <= 16384
     upto(2048).block(512).group(512).chunks(4).stages(2).bulk(),
     upto(2048).block(1024).group(1024).chunks(2).stages(2).bulk(),
+    // N <= 32768 .. 131072: a row a cluster (sm_90), per-thread copies. The
+    // table's 512 x 4 slices of 2, 4 and 8 blocks (one block a SM: 192 KiB of
+    // stages and weight) against smaller slices, two or more blocks a SM.
+    upto(4096).block(512).group(512).chunks(4).stages(2).cluster(2),
+    upto(4096).block(512).group(512).chunks(2).stages(2).cluster(4),
+    upto(4096).block(256).group(256).chunks(4).stages(2).cluster(4),
+    upto(4096).block(512).group(512).chunks(2).stages(3).cluster(4),
+    upto(4096).block(512).group(512).chunks(1).stages(2).cluster(8),
+    upto(8192).block(512).group(512).chunks(4).stages(2).cluster(4),
+    upto(8192).block(512).group(512).chunks(2).stages(2).cluster(8),
+    upto(8192).block(256).group(256).chunks(4).stages(2).cluster(8),
+    upto(8192).block(512).group(512).chunks(2).stages(3).cluster(8),
+    upto(16384).block(512).group(512).chunks(4).stages(2).cluster(8),
+    upto(16384).block(1024).group(1024).chunks(2).stages(2).cluster(8),
 };
 // The weight in registers (LayerRowWRegs): the fallback row of plans.h.
 constexpr RowPlan kRegs[] = {
@@ -151,6 +167,9 @@ const char* row_name(const RowPlan& p, bool fwd) {
   else if (p.min_blocks > 0)
     std::snprintf(buf, sizeof buf, "{%d,%d,%d,%d,%s,>=%d/SM}", p.block, p.group, p.chunks,
                   p.stages, p.bulk ? "bulk" : "async", p.min_blocks);
+  else if (p.cluster > 1)
+    std::snprintf(buf, sizeof buf, "{%d,%d,%d,%d,%s,c%d}", p.block, p.group, p.chunks,
+                  p.stages, p.bulk ? "bulk" : "async", p.cluster);
   else
     std::snprintf(buf, sizeof buf, "{%d,%d,%d,%d,%s}", p.block, p.group, p.chunks, p.stages,
                   p.bulk ? "bulk" : "async");
@@ -168,17 +187,26 @@ int sm_count() {
 Plan bwd_chain(const void* fn, const RowPlan& p, bool w_shared, int64_t m, int n,
                int min_steps) {
   const int nvec = n / 8;
-  const size_t smem = rmsnorm::plans::persistent_smem(p, nvec, 1) + (w_shared ? 4 * n : 0);
+  const int slice = (nvec + p.cluster - 1) / p.cluster;  // a block's vectors of a row
+  const size_t smem =
+      rmsnorm::plans::persistent_smem(p, nvec, 1) + (w_shared ? 4 * 8 * size_t(slice) : 0);
   Plan plan;
-  int occ = 0;
-  CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, p.block, smem));
-  if (occ == 0) return plan;
+  // Units: resident blocks, or clusters of p.cluster blocks (the planner's
+  // count, launch.cu), each leaving one partial row of gw and of gb.
+  int units = 0;
+  if (p.cluster > 1) {
+    units = rmsnorm::detail::clusters_resident(fn, p.block, unsigned(smem));
+  } else {
+    int occ = 0;
+    CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, p.block, smem));
+    units = sm_count() * occ;
+  }
+  if (units == 0) return plan;
   const int64_t steps = (m + p.block / p.group - 1) / (p.block / p.group);
-  const int64_t grid =
-      std::min<int64_t>(int64_t(sm_count()) * occ, std::max<int64_t>(1, steps / min_steps));
-  plan.calls.push_back(KernelCall{fn, nullptr, dim3(grid), dim3(p.block), unsigned(smem),
-                                  "layer_bwd_persistent"});
+  const int64_t grid = std::min<int64_t>(units, std::max<int64_t>(1, steps / min_steps));
+  plan.calls.push_back(KernelCall{fn, nullptr, dim3(grid * p.cluster), dim3(p.block),
+                                  unsigned(smem), "layer_bwd_persistent", p.cluster});
   plan.partial_rows = int(grid);
   const bool narrow = n < rmsnorm::plans::kColsumNarrowBelow;
   const int cols = narrow ? 8 : 32;
@@ -794,7 +822,9 @@ int main(int argc, char** argv) {
   const std::pair<int64_t, int> shapes[] = {
       {8192, 768},  {8192, 1024}, {16384, 1280}, {8192, 2048},  {8192, 2880},
       {8192, 4096}, {16384, 4096}, {4096, 8192}, {16384, 8192}, {8192, 16384},
-      {8192, 2560}, {8192, 5120}};
+      {8192, 2560}, {8192, 5120},
+      // past one SM: the cluster rows (sm_90)
+      {4096, 24576}, {4096, 32768}, {2048, 65536}, {1024, 131072}};
   std::printf("\n%-12s %-44s %8s %6s %7s %s\n", "shape", "what", "us", "GB/s", "%ceil",
               "check");
   std::vector<Result> summary;
