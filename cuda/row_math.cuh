@@ -32,7 +32,7 @@
 //   Streams (for ops that carry more than x and g / y)
 //     kExtraIn, kExtraOut streamed inputs beside x (forward) or x and g
 //                         (backward), and outputs beside y or gx. A fused
-//                         residual add sets them to 1 (AddRmsRow): forward
+//                         residual add sets them to 1 (WithResidualAdd): forward
 //                         reads FwdArgs::residual and writes FwdArgs::h beside
 //                         y, the row value being row_in(x, residual); backward
 //                         stages BwdArgs::gh beside x and g (a third operand
@@ -185,13 +185,18 @@ struct LayerRow {
   }
 };
 
-// LayerNorm of a fused residual add (add_layer_norm): LayerRow's math on the
-// row h = x + residual, with AddRmsRow's extra streams: the forward reads the
-// residual beside x and writes h (rounded to x's dtype as an unfused add
-// stores it) beside y; the backward's x is the forward's h, it stages g_h
-// beside x and g, and gx = g_h + d(norm)/dh, the gradient of x and residual
-// alike. The shift is h's (the walks take it from the row value).
-struct AddLayerRow : LayerRow {
+// A norm of a fused residual add (add_rms_norm, add_layer_norm): Row's math
+// on the row h = x + residual, with one extra stream each way.
+//   Forward: reads the residual beside x; the row value is h, rounded to x's
+//   dtype exactly as an unfused add stores it (row_in), and h is written
+//   beside y (the walk writes the row value itself). A shift (LayerRow's) is
+//   h's: the walks take it from the row value.
+//   Backward: x is the forward's h; reads g_h (the cotangent of h, x's dtype)
+//   beside x and g and adds it to the norm's gradient before the one rounding
+//   (gx_out): gx = g_h + d(norm)/dh, the gradient of x and residual alike.
+// The sums, partials and the scale offset + w are Row's.
+template <typename Row>
+struct WithResidualAdd : Row {
   static constexpr int kExtraIn = 1, kExtraOut = 1;
 
   template <typename X>
@@ -200,6 +205,8 @@ struct AddLayerRow : LayerRow {
   }
   __device__ __forceinline__ static float gx_out(float gx, float g_h) { return gx + g_h; }
 };
+using AddRmsRow = WithResidualAdd<RmsRow>;
+using AddLayerRow = WithResidualAdd<LayerRow>;
 
 // A LayerNorm policy with the weight in registers, as the RMSNorm walk keeps
 // it: for rows whose stages leave no room for it in shared memory (plans.h).
@@ -208,24 +215,5 @@ struct WeightInRegisters : Row {
   static constexpr bool kWShared = false;
 };
 using LayerRowWRegs = WeightInRegisters<LayerRow>;
-
-// RMSNorm of a fused residual add (add_rms_norm): RmsRow's math on the row
-// h = x + residual, with one extra stream each way.
-//   Forward: reads the residual beside x; the row value is h, rounded to x's
-//   dtype exactly as an unfused add stores it (row_in), and h is written
-//   beside y (the walk writes the row value itself).
-//   Backward: x is the forward's h; reads g_h (the cotangent of h, x's dtype)
-//   beside x and g and adds it to the norm's gradient before the one rounding
-//   (gx_out): gx = g_h + d(norm)/dh, the gradient of x and residual alike.
-// The sums, partials (gw) and the scale offset + w are RmsRow's.
-struct AddRmsRow : RmsRow {
-  static constexpr int kExtraIn = 1, kExtraOut = 1;
-
-  template <typename X>
-  __device__ __forceinline__ static X row_in(X x, X residual) {
-    return add_round(x, residual);
-  }
-  __device__ __forceinline__ static float gx_out(float gx, float g_h) { return gx + g_h; }
-};
 
 }  // namespace rmsnorm

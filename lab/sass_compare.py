@@ -3,6 +3,7 @@ hand when a change must leave the kernels' machine code as it was (a refactor
 of the CUDA sources):
 
     python -m lab.sass_compare BEFORE.sass AFTER.sass [--res BEFORE.res AFTER.res]
+                               [--rename OLD=NEW ...]
 
 Inputs are `cuobjdump -sass` (and `cuobjdump -res-usage`) listings. Function
 names are normalized by dropping a trailing row-policy template argument
@@ -10,13 +11,29 @@ names are normalized by dropping a trailing row-policy template argument
 so that an
 RMSNorm kernel before the refactor is compared with the same kernel after
 it. Instruction addresses are dropped; the kernel-parameter constant bank
-offsets stay (a field inserted before others would show up).
+offsets stay (a field inserted before others would show up). --rename
+compares demangled names (c++filt) with OLD replaced by NEW, for a type
+renamed on the way (--rename 'rmsnorm::WithResidualAdd<rmsnorm::RmsRow>=rmsnorm::AddRmsRow').
 """
 import re
+import subprocess
 import sys
 
 
+RENAMES = []  # (old, new) on demangled names, from --rename
+
+
+def demangle(name):
+    out = subprocess.run(["c++filt"], input=name, capture_output=True, text=True, check=True)
+    return out.stdout.strip().replace(" ", "")
+
+
 def norm_name(name):
+    if RENAMES:
+        name = demangle(name)
+        for old, new in RENAMES:
+            name = name.replace(old, new)
+        return name
     name = name.replace("NS_6RmsRowE", "").replace("N7rmsnorm6RmsRowE", "")
     if "6colsum" in name:  # colsum's PART = 0 (gw), the default
         name = name.replace("ELi0EEEvNS_7BwdArgsE", "EEEvNS_7BwdArgsE")
@@ -53,6 +70,11 @@ def resources(path):
 
 
 def main(argv):
+    while "--rename" in argv:
+        i = argv.index("--rename")
+        old, new = argv[i + 1].split("=", 1)
+        RENAMES.append((old.replace(" ", ""), new.replace(" ", "")))
+        del argv[i:i + 2]
     a, b = functions(argv[1]), functions(argv[2])
     common = sorted(set(a) & set(b))
     same = sum(a[f] == b[f] for f in common)
