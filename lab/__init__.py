@@ -25,5 +25,6 @@ them.
   cpu_speed         the norm on a CPU stream: built-in against the plugin
   sass_compare      two builds' SASS, function by function
   plan_dump         the planners' launch plans on a model GPU (no GPU;
-                    plan_dump.cu): two builds' plans side by side
+                    plan_dump.cu): two builds' plans side by side; its
+                    --check (every plan well formed) runs in .ci/run
 """

@@ -7,6 +7,9 @@
 //
 //   python -m lab.plan_dump BUILD_DIR --out plans.txt   (lab/plan_dump.py)
 //
+// With --check it prints no plans but checks each one (check() says what),
+// exits 1 on any violation: .ci/run runs it on the objects it compiles.
+//
 // The model GPU stands in for launch.cu's queries (target, occupancy,
 // handles), which this program defines instead: family from
 // PLAN_DUMP_FAMILY (90, 80 or 75), 132 SMs, and resident blocks and clusters
@@ -97,16 +100,53 @@ static void print(const char* what, const Plan& p) {
                 detail::symbol(c.host_fn).c_str(), c.grid.x, c.block.x, c.smem, c.cluster);
 }
 
-template <typename F>
-static void guarded(const char* what, F&& plan) {
-  try {
-    print(what, plan());
-  } catch (const std::exception& e) {
-    std::printf("%s | throws: %s\n", what, e.what());
+// --check: instead of printing the plans, what every plan must be on any
+// GPU, whatever the occupancy: calls with a kernel, grids and blocks a launch
+// takes, shared memory within a block's most, clusters only where the family
+// has them (and whole clusters in the grid), the backward's gw finished after
+// the call that writes gx; no planner throws but the documented one (the
+// fused add's backward has no naive plan).
+static bool check_mode = false;
+static long violations = 0;
+
+static void violation(const char* what, const char* why) {
+  ++violations;
+  if (violations <= 50) std::printf("VIOLATION %s: %s\n", what, why);
+}
+
+static void check(const char* what, const Plan& p, bool gw_wanted) {
+  if (p.calls.empty()) return violation(what, "no calls");
+  if (p.gx_call < 0 || p.gx_call >= int(p.calls.size())) violation(what, "gx_call out of range");
+  if (gw_wanted && p.gx_call + 1 >= int(p.calls.size())) violation(what, "nothing finishes gw");
+  for (const KernelCall& c : p.calls) {
+    if (c.host_fn == nullptr) violation(what, "a call without a kernel");
+    if (c.grid.x < 1 || c.grid.y < 1) violation(what, "an empty grid");
+    if (c.block.x * c.block.y < 32 || c.block.x * c.block.y > 1024)
+      violation(what, "a block of fewer than 32 or more than 1024 threads");
+    if (c.smem > 227u * 1024) violation(what, "more shared memory than a block can have");
+    if (c.cluster < 1 || (c.cluster > 1 && (detail::target().family < 90 || c.grid.x % c.cluster)))
+      violation(what, "a cluster off sm_90, or a grid of part clusters");
   }
 }
 
-int main() {
+template <typename F>
+static void guarded(const char* what, F&& plan, bool gw_wanted = false) {
+  try {
+    const Plan p = plan();
+    if (check_mode)
+      check(what, p, gw_wanted);
+    else
+      print(what, p);
+  } catch (const std::exception& e) {
+    if (!check_mode)
+      std::printf("%s | throws: %s\n", what, e.what());
+    else if (!std::strstr(e.what(), "has no naive plan"))
+      violation(what, e.what());
+  }
+}
+
+int main(int argc, char** argv) {
+  check_mode = argc > 1 && std::strcmp(argv[1], "--check") == 0;
   // Pointers the planners only test for 16-byte alignment.
   char* const aligned = reinterpret_cast<char*>(uintptr_t(1) << 20);
   char* const odd = aligned + 2;
@@ -133,7 +173,7 @@ int main() {
               std::string ln = std::string("layer_") + what;
               if (layer_norm_planned(xt, yt, n, add))
                 guarded(ln.c_str(), [&] { return plan_layer_forward(f); });
-              else
+              else if (!check_mode)
                 std::printf("%s | not planned\n", ln.c_str());
             }
           }
@@ -149,18 +189,21 @@ int main() {
                                   Algorithm::Naive}) {
               std::snprintf(what, sizeof what, "bwd x%d g%d n%d m%lld add%d gw%d %s", int(xt),
                             int(yt), n, (long long)m, add, gw, algorithm_name(alg));
-              guarded(what, [&] { return plan_backward(b, alg); });
+              guarded(what, [&] { return plan_backward(b, alg); }, gw == 1);
             }
             std::snprintf(what, sizeof what, "layer_bwd x%d g%d n%d m%lld add%d gw%d", int(xt),
                           int(yt), n, (long long)m, add, gw);
             if (layer_norm_planned(xt, yt, n, add))
-              guarded(what, [&] { return plan_layer_backward(b); });
-            else
+              guarded(what, [&] { return plan_layer_backward(b); }, gw == 1);
+            else if (!check_mode)
               std::printf("%s | not planned\n", what);
           }
         }
       }
     }
   }
-  return 0;
+  if (check_mode)
+    std::printf("plan_dump --check, family %d: %ld violations\n", detail::target().family,
+                violations);
+  return violations == 0 ? 0 : 1;
 }

@@ -11,7 +11,8 @@ planners on a machine without a GPU:
     python -m lab.plan_dump BUILD --out plans.txt
 
 The model GPU's answers (occupancy, clusters) are not a real GPU's: read the
-plans to compare builds, not as a GPU's plans.
+plans to compare builds, not as a GPU's plans. The program's --check mode
+(every plan well formed, no dump) is what .ci/run runs.
 """
 
 from __future__ import annotations
