@@ -1,6 +1,6 @@
 // The launch plans of this build's planners on a model GPU, with no GPU: for
-// each op, direction, dtype pairing, shape and switch (fused add, w and b read
-// as x, algorithm), every call the plan makes (kernel symbol, grid, block,
+// each op, direction, dtype pairing, shape and switch (fused add, misaligned
+// w, bias, gw and gb, algorithm), every call the plan makes (kernel symbol, grid, block,
 // dynamic shared memory, cluster). Two builds that print the same lines pick
 // the same kernels the same way; with lab/sass_compare.py (the kernels' own
 // code) this checks a refactor of the planners on a machine without a GPU.
@@ -54,9 +54,8 @@ namespace detail {
 }
 
 const Target& target() {
-  static const Target t{0, std::atoi(std::getenv("PLAN_DUMP_FAMILY") ? std::getenv("PLAN_DUMP_FAMILY")
-                                                                      : "90"),
-                        132};
+  static const char* const family = std::getenv("PLAN_DUMP_FAMILY");
+  static const Target t{0, family ? std::atoi(family) : 90, 132};
   return t;
 }
 
@@ -66,8 +65,8 @@ static std::string symbol(const void* host_fn) {
   Dl_info info{};
   if (dladdr(host_fn, &info) == 0) return "?";
   char buf[32];
-  std::snprintf(buf, sizeof buf, "@0x%zx",
-                size_t(static_cast<const char*>(host_fn) - static_cast<const char*>(info.dli_fbase)));
+  const auto offset = static_cast<const char*>(host_fn) - static_cast<const char*>(info.dli_fbase);
+  std::snprintf(buf, sizeof buf, "@0x%zx", size_t(offset));
   return buf;
 }
 
