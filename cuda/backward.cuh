@@ -412,16 +412,11 @@ const void* persistent_kernel_for() {
   }
 }
 
-// Table's kernels with policy Row, by row (built once).
-template <typename X, typename G, typename Row, const auto& Table, std::size_t... I>
-const void* persistent_kernel_for(int row, std::index_sequence<I...>) {
-  static const void* const kernels[] = {persistent_kernel_for<X, G, Row, Table, I>()...};
-  return kernels[row];
-}
+// Table's kernels with policy Row, by row.
 template <typename X, typename G, typename Row, const auto& Table>
 const void* persistent_kernel_for(int row) {
-  return persistent_kernel_for<X, G, Row, Table>(row,
-                                                 std::make_index_sequence<std::size(Table)>{});
+  return kernel_by_row<std::size(Table)>(
+      row, [](auto i) { return persistent_kernel_for<X, G, Row, Table, decltype(i)::value>(); });
 }
 
 // The row of Table (plans.h) for rows of nvec vectors and its kernel with

@@ -295,15 +295,11 @@ const void* fwd_kernel_for() {
   }
 }
 
-// Table's kernels with policy Row, by row (built once).
-template <typename X, typename O, typename Row, const auto& Table, std::size_t... I>
-const void* fwd_kernel_for(int row, std::index_sequence<I...>) {
-  static const void* const kernels[] = {fwd_kernel_for<X, O, Row, Table, I>()...};
-  return kernels[row];
-}
+// Table's kernels with policy Row, by row.
 template <typename X, typename O, typename Row, const auto& Table>
 const void* fwd_kernel_for(int row) {
-  return fwd_kernel_for<X, O, Row, Table>(row, std::make_index_sequence<std::size(Table)>{});
+  return kernel_by_row<std::size(Table)>(
+      row, [](auto i) { return fwd_kernel_for<X, O, Row, Table, decltype(i)::value>(); });
 }
 
 // The kernel the planners run for row Table[I] of the norms' shared forward
@@ -329,18 +325,12 @@ const void* planned_fwd_kernel() {
                           kAdd ? 0 : c.min_blocks, W_AS_X && !c.persistent>();
   }
 }
-template <typename X, typename O, typename Row, const auto& Table, bool W_FIRST, bool W_AS_X,
-          std::size_t... I>
-const void* planned_fwd_kernel(int row, std::index_sequence<I...>) {
-  static const void* const kernels[] = {
-      planned_fwd_kernel<X, O, Row, Table, W_FIRST, W_AS_X, I>()...};
-  return kernels[row];
-}
 template <typename X, typename O, typename Row, const auto& Table, bool W_FIRST = false,
           bool W_AS_X = false>
 const void* planned_fwd_kernel(int row) {
-  return planned_fwd_kernel<X, O, Row, Table, W_FIRST, W_AS_X>(
-      row, std::make_index_sequence<std::size(Table)>{});
+  return kernel_by_row<std::size(Table)>(row, [](auto i) {
+    return planned_fwd_kernel<X, O, Row, Table, W_FIRST, W_AS_X, decltype(i)::value>();
+  });
 }
 
 // Any N, any alignment (VEC = 1 when needed): a block per row, a first pass

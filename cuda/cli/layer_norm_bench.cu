@@ -150,11 +150,13 @@ constexpr RowPlan kFwdNew[] = {
     upto(2048).block(512).group(512).chunks(4).persistent(B).min_blocks(2),
 };
 
-template <typename Row, const auto& T, bool W_AS_X, std::size_t... I>
-const void* fwd_kernel(int i, std::index_sequence<I...>) {
-  static const void* const k[] = {
-      rmsnorm::fwd_kernel_for<X, X, Row, T, I, T[I].persistent, T[I].min_blocks, W_AS_X>()...};
-  return k[i];
+// Row i of T with w and b read as x where W_AS_X.
+template <typename Row, const auto& T, bool W_AS_X>
+const void* fwd_kernel(int i) {
+  return rmsnorm::kernel_by_row<std::size(T)>(i, [](auto r) {
+    constexpr std::size_t I = decltype(r)::value;
+    return rmsnorm::fwd_kernel_for<X, X, Row, T, I, T[I].persistent, T[I].min_blocks, W_AS_X>();
+  });
 }
 
 const char* row_name(const RowPlan& p, bool fwd) {
@@ -736,9 +738,7 @@ int time_shape(const Options& opt, int64_t m, int n, std::vector<Result>& summar
       const RowPlan& p = kFwdNew[k];
       if (p.max_nvec < nvec || p.max_nvec >= 2 * nvec) continue;
       fwd_variant(std::string("ln fwd new ") + row_name(p, true),
-                  fwd_plan(fwd_kernel<rmsnorm::LayerRow, kFwdNew, true>(
-                               k, std::make_index_sequence<std::size(kFwdNew)>{}),
-                           p));
+                  fwd_plan(fwd_kernel<rmsnorm::LayerRow, kFwdNew, true>(k), p));
     }
   }
   // add_layer_norm as planned (residual = g's buffer, g_h = x's: any data):
