@@ -98,9 +98,6 @@ __device__ __forceinline__ void store_from_float(void* p, DType t, int64_t i,
   }
 }
 
-// VEC elements of T moved as one access: 16 bytes when VEC * sizeof(T) == 16;
-// a 32-byte Vec (fp32 g beside bf16 x) asks only for 16-byte alignment, so
-// the pointers checked by vector_width() suffice and it splits in two loads.
 // Host: the kernel of row `row` of a plan table of K rows, where
 // kernel_of(std::integral_constant<std::size_t, I>{}) names row I's host stub
 // (a captureless lambda at each call site); the K stubs are taken once.
@@ -114,6 +111,9 @@ const void* kernel_by_row(int row, KernelOf kernel_of) {
   return kernel_by_row(row, kernel_of, std::make_index_sequence<K>{});
 }
 
+// VEC elements of T moved as one access: 16 bytes when VEC * sizeof(T) == 16;
+// a 32-byte Vec (fp32 g beside bf16 x) asks only for 16-byte alignment, so
+// the pointers checked by vector_width() suffice and it splits in two loads.
 template <typename T, int VEC>
 struct alignas(sizeof(T) * VEC < 16 ? sizeof(T) * VEC : 16) Vec {
   T v[VEC];
