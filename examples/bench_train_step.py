@@ -57,6 +57,7 @@ import mlx.optimizers as optim
 from mlx_lm.models import gpt2, llama, qwen3
 
 import mlx_rmsnorm
+from mlx_rmsnorm import _fuse
 from mlx_rmsnorm._autopatch import primitive_counts
 
 MODELS = {
@@ -131,22 +132,25 @@ def make_step(model, opt):
     return step, state
 
 
-def record_norm_calls(model, x):
-    """Every mx.fast.rms_norm call of one forward: (x shape, x dtype, w
-    shape, w dtype, eps). nn.RMSNorm looks mx.fast.rms_norm up at each call,
-    so a recording stand-in sees them all; the graph is never evaluated."""
+def record_norm_calls(model, x, layer=False):
+    """Every mx.fast.rms_norm call of one forward (layer: mx.fast.layer_norm):
+    (x shape, x dtype, w shape, w dtype, bias or not, eps). The modules look
+    the function up at each call, so a recording stand-in sees them all; the
+    graph is never evaluated."""
     calls = []
-    current = mx.fast.rms_norm
+    name = "layer_norm" if layer else "rms_norm"
+    current = getattr(mx.fast, name)
 
-    def record(x, w, eps, **kwargs):
-        calls.append((tuple(x.shape), x.dtype, tuple(w.shape), w.dtype, eps))
-        return current(x, w, eps, **kwargs)
+    def record(x, w, *rest, **kwargs):
+        b, eps = rest if layer else (None, *rest)
+        calls.append((tuple(x.shape), x.dtype, tuple(w.shape), w.dtype, b is not None, eps))
+        return current(x, w, *rest, **kwargs)
 
-    mx.fast.rms_norm = record
+    setattr(mx.fast, name, record)
     try:
         model(x)
     finally:
-        mx.fast.rms_norm = current
+        setattr(mx.fast, name, current)
     return calls
 
 
@@ -182,26 +186,29 @@ def check_graph(model, plugin, n_norms, name="", fuse=False):
     return fwd, bwd
 
 
-def norm_seconds(calls, frozen, reps):
+def norm_seconds(calls, frozen, reps, layer=False):
     """{variant: median seconds} of the forward and backward of all `calls`
-    in one mx.eval, the variants interleaved rep by rep."""
+    (record_norm_calls) in one mx.eval, the variants interleaved rep by rep;
+    w (and b) learn unless frozen."""
     arrays = []
-    for i, (xs, xt, ws, wt, eps) in enumerate(calls):
+    for i, (xs, xt, ws, wt, has_b, eps) in enumerate(calls):
         x = mx.random.normal(xs, key=mx.random.key(i)).astype(xt)
         w = (1 + 0.1 * mx.random.normal(ws, key=mx.random.key(10000 + i))).astype(wt)
+        b = (0.1 * mx.random.normal(ws, key=mx.random.key(30000 + i))).astype(wt) if has_b else None
         g = mx.random.normal(xs, key=mx.random.key(20000 + i)).astype(mx.result_type(x, w))
-        arrays.append((x, w, g, eps))
+        arrays.append((x, w, b, g, eps))
     mx.eval(arrays)
-    assert not mlx_rmsnorm.is_patched()  # so mx.fast.rms_norm is MLX's own
-    norms = {"mx.fast": mx.fast.rms_norm, "mlx_rmsnorm": mlx_rmsnorm.rms_norm}
+    assert not mlx_rmsnorm.is_patched()  # so mx.fast's norms are MLX's own
+    name = "layer_norm" if layer else "rms_norm"
+    norms = {"mx.fast": getattr(mx.fast, name), "mlx_rmsnorm": getattr(mlx_rmsnorm, name)}
 
     def run(norm):
         outs = []
-        for x, w, g, eps in arrays:
-            if frozen:
-                y, vjps = mx.vjp(lambda x: norm(x, w, eps), [x], [g])
-            else:
-                y, vjps = mx.vjp(lambda x, w: norm(x, w, eps), [x, w], [g])
+        for x, w, b, g, eps in arrays:
+            def f(x, w=w, b=b):
+                return norm(x, w, b, eps) if layer else norm(x, w, eps)
+            learned = [] if frozen else [a for a in (w, b) if a is not None]
+            y, vjps = mx.vjp(f, [x, *learned], [g])
             outs += [*y, *vjps]
         t0 = time.perf_counter()
         mx.eval(outs)
@@ -212,62 +219,6 @@ def norm_seconds(calls, frozen, reps):
         for name, norm in norms.items():
             t = run(norm)
             if r:  # the first rep warms up
-                times[name].append(t)
-    del arrays
-    mx.clear_cache()
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
-def record_layer_norm_calls(model, x):
-    """Every mx.fast.layer_norm call of one forward: (x shape, x dtype, w
-    shape, w dtype, bias or not, eps); record_norm_calls for LayerNorm."""
-    calls = []
-    current = mx.fast.layer_norm
-
-    def record(x, w, b, eps, **kwargs):
-        calls.append((tuple(x.shape), x.dtype, tuple(w.shape), w.dtype, b is not None, eps))
-        return current(x, w, b, eps, **kwargs)
-
-    mx.fast.layer_norm = record
-    try:
-        model(x)
-    finally:
-        mx.fast.layer_norm = current
-    return calls
-
-
-def layer_norm_seconds(calls, frozen, reps):
-    """norm_seconds for LayerNorm calls (weight and bias learn unless frozen)."""
-    arrays = []
-    for i, (xs, xt, ws, wt, has_b, eps) in enumerate(calls):
-        x = mx.random.normal(xs, key=mx.random.key(i)).astype(xt)
-        w = (1 + 0.1 * mx.random.normal(ws, key=mx.random.key(10000 + i))).astype(wt)
-        b = (0.1 * mx.random.normal(ws, key=mx.random.key(30000 + i))).astype(wt) if has_b else None
-        g = mx.random.normal(xs, key=mx.random.key(20000 + i)).astype(mx.result_type(x, w))
-        arrays.append((x, w, b, g, eps))
-    mx.eval(arrays)
-    assert not mlx_rmsnorm.is_patched()  # so mx.fast.layer_norm is MLX's own
-    norms = {"mx.fast": mx.fast.layer_norm, "mlx_rmsnorm": mlx_rmsnorm.layer_norm}
-
-    def run(norm):
-        outs = []
-        for x, w, b, g, eps in arrays:
-            if frozen:
-                y, vjps = mx.vjp(lambda x: norm(x, w, b, eps), [x], [g])
-            elif b is None:
-                y, vjps = mx.vjp(lambda x, w: norm(x, w, None, eps), [x, w], [g])
-            else:
-                y, vjps = mx.vjp(lambda x, w, b: norm(x, w, b, eps), [x, w, b], [g])
-            outs += [*y, *vjps]
-        t0 = time.perf_counter()
-        mx.eval(outs)
-        return time.perf_counter() - t0
-
-    times = {name: [] for name in norms}
-    for r in range(reps + 1):
-        for name, norm in norms.items():
-            t = run(norm)
-            if r:
                 times[name].append(t)
     del arrays
     mx.clear_cache()
@@ -296,7 +247,7 @@ def bench(name, frozen, args):
     mx.eval(tokens)
     mlx_rmsnorm.unpatch()
     layer = name in LAYER_NORM_MODELS
-    calls = (record_layer_norm_calls if layer else record_norm_calls)(model, batches[0][0])
+    calls = record_norm_calls(model, batches[0][0], layer)
     opt = optim.AdamW(learning_rate=1e-5)
     opt.init(model.trainable_parameters())  # the state's tree is fixed before tracing
     steps = {}
@@ -331,7 +282,7 @@ def bench(name, frozen, args):
     mlx_rmsnorm.unpatch()
     del steps, step, state, loss, opt, model, batches, tokens  # free before the norm timing
     mx.clear_cache()
-    norm_s = (layer_norm_seconds if layer else norm_seconds)(calls, frozen, args.norm_reps)
+    norm_s = norm_seconds(calls, frozen, args.norm_reps, layer)
     mx.clear_cache()
     mlx_rmsnorm.trim_device_memory()
     ratios = [a / b for a, b in zip(round_ms["mx.fast"], round_ms["mlx_rmsnorm"])]
@@ -440,9 +391,16 @@ def main(argv=None):
     if args.quick:
         args.rounds, args.steps_per_round = min(args.rounds, 2), min(args.steps_per_round, 2)
         args.batch, args.seq, args.vocab, args.norm_reps = 2, 16, 97, 2
+        # the fused path too: patch(fuse=True) leaves blocks of fewer rows
+        # (32 here) than _fuse.min_rows() to their own code
+        _fuse.set_min_rows(0)
 
     on_gpu = mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels()
     mx.set_default_device(mx.gpu if on_gpu else mx.cpu)
+    if not on_gpu:
+        # on a CPU stream patch() alone runs MLX's own norm: the plugin rounds
+        # would time the built-in against itself
+        mlx_rmsnorm.route_cpu(True)
     print(f"device: {mx.default_device()} | bf16, compiled step (value_and_grad + AdamW) | "
           f"{args.batch}x{args.seq} tokens | vocab {args.vocab} | {args.rounds} rounds x "
           f"{args.steps_per_round} steps per variant (+{args.warmup} warm-up a round), interleaved")

@@ -275,8 +275,12 @@ def test_train_step_quick_run(tmp_path, train_step):
     """The whole script, as the GPU run calls it, at --quick size (Qwen3 with
     QK-norm: 2 layers x 4 norms + the final one), both norm modes."""
     out = tmp_path / "train.json"
+    # as a user runs it: without the suite's CPU routing and fuse row limit
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLX_RMSNORM_ROUTE_CPU", "MLX_RMSNORM_FUSE_MIN_ROWS")}
     proc = subprocess.run([sys.executable, TRAIN_STEP, "--quick", "--model", "qwen3-0.6b",
-                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+                           "--json", str(out)], capture_output=True, text=True, timeout=300,
+                          env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "speedup built-in / plugin" in proc.stdout
     # a bar per case that moves every round (2 rounds x each variant), on stderr
@@ -289,6 +293,7 @@ def test_train_step_quick_run(tmp_path, train_step):
         fwd, bwd = r["plugin_nodes"]["mlx_rmsnorm"]
         assert fwd >= 9 and bwd >= 9
         assert r["plugin_nodes"]["mx.fast"] == [0, 0]
+        assert min(r["plugin_nodes"]["fuse"]) >= 9  # fused add + norm counted
         assert len(r["round_ms"]["mx.fast"]) == len(r["round_ms"]["mlx_rmsnorm"]) == 2
         assert len(r["speedup"]) == 2 and all(s > 0 for s in r["speedup"])
         assert r["norm_ms"]["mlx_rmsnorm"] > 0 and r["norm_ms"]["mx.fast"] > 0
