@@ -284,6 +284,8 @@ def main():
     args.verbose_rank = rank == 0
     if not args.builtin:
         mlx_rmsnorm.patch()
+        if not on_gpu:  # on a CPU stream patch() alone keeps MLX's own op
+            mlx_rmsnorm.route_cpu(True)
 
     norm = "mx.fast.rms_norm (built-in)" if args.builtin else "mlx_rmsnorm (patch())"
     if rank == 0:

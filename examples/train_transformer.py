@@ -120,10 +120,20 @@ def loss_fn(model, x, y):
     return nn.losses.cross_entropy(model(x).astype(mx.float32), y).mean()
 
 
+@contextlib.contextmanager
 def using(plugin):
     """The plugin for the block, or the built-in (the example never patches
-    outside these blocks)."""
-    return mlx_rmsnorm.patched() if plugin else contextlib.nullcontext()
+    outside these blocks). On a CPU stream patch() alone keeps MLX's own op,
+    so there the plugin's CPU path is routed in too."""
+    if not plugin:
+        yield
+        return
+    with mlx_rmsnorm.patched():
+        was = mlx_rmsnorm.route_cpu(mx.default_device() == mx.cpu)
+        try:
+            yield
+        finally:
+            mlx_rmsnorm.route_cpu(was)
 
 
 def train(args, data, use_plugin):
