@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "dispatch.cuh"
+#include "plans.h"
 
 // The CUDA architectures this build has code for (the build sets it).
 #ifndef RMSNORM_CUDA_ARCHS
@@ -199,6 +200,14 @@ int clusters_resident(const void* host_fn, int block, unsigned smem) {
     if (smem > static_cast<unsigned>(allow_dynamic_smem(dev, host_fn))) return 0;
     cudaFuncAttributes attr{};
     check(cudaFuncGetAttributes(&attr, host_fn), "cudaFuncGetAttributes");
+    // A cluster past the portable size runs only where the kernel opts in
+    // (plans::kMaxCluster); a GPU that refuses it holds none of its clusters.
+    if (attr.requiredClusterWidth > plans::kMaxPortableCluster &&
+        cudaFuncSetAttribute(host_fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+            cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
     cudaLaunchConfig_t config{};  // one cluster of the kernel's own shape
     config.gridDim = dim3(attr.requiredClusterWidth > 0 ? attr.requiredClusterWidth : 1);
     config.blockDim = dim3(block);

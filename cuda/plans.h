@@ -38,7 +38,8 @@ struct RowPlan {
   int cluster = 1;    // sm_90 on: blocks of a thread-block cluster
                       // that split one row by columns (rows past one SM's
                       // shared memory; recorded into MLX's graph as a child
-                      // graph keyed by this shape, gpu_util.cpp record)
+                      // graph keyed by this shape, gpu_util.cpp record); past
+                      // kMaxPortableCluster the GPU must allow it (launch.cu)
   bool persistent = true;  // forward: the grid is what stays resident and
                            // walks the rows; false: a block per step of rows
   int min_steps = 1;   // LayerNorm backward: steps of rows a unit walks at
@@ -72,6 +73,13 @@ struct RowMaker {
 };
 // A row for rows of up to max_nvec 16-byte vectors.
 constexpr RowMaker upto(int max_nvec) { return RowMaker{RowPlan{max_nvec, 0, 0, 0}}; }
+
+// Clusters of up to 8 blocks run on every GPU with clusters; 16 is a
+// non-portable size (H100, H200) that the kernel opts in to (launch.cu) and a
+// GPU that cannot hold it refuses: clusters_resident is 0 there, and the
+// planners take the row past the table.
+inline constexpr int kMaxPortableCluster = 8;
+inline constexpr int kMaxCluster = 16;
 
 // The first row of `table` whose max_nvec covers rows of nvec 16-byte
 // vectors, or -1 past the table (the planners' lookup).
@@ -138,6 +146,9 @@ inline constexpr RowPlan kBackwardSm90[] = {
     upto(8192).block(512).group(512).chunks(4).stages(2).cluster(4),
     // N <= 131072: 8 blocks a row, the largest portable cluster
     upto(16384).block(512).group(512).chunks(4).stages(2).cluster(8),
+    // N <= 262144: 16 blocks a row (non-portable; QuACK's size there too), x
+    // and g still read once (the split plan read them twice: 54% of the copy)
+    upto(32768).block(512).group(512).chunks(4).stages(2).cluster(16),
 };
 // Families 80 and 75 (A100, A10, RTX 30xx/40xx, L4, T4): the same rows with
 // per-thread copies, up to N = 16384 (no clusters before sm_90). Not tuned on
@@ -189,19 +200,22 @@ inline constexpr RowPlan kForward[] = {
     // 1024x131072 89.9% against 72.8%; 256 x 8 slices of 8 90.1%)
     upto(8192).block(512).group(512).chunks(8).persistent(false).cluster(2).min_blocks(2),
     upto(16384).block(512).group(512).chunks(8).persistent(false).cluster(4).min_blocks(2),
+    // N <= 262144: the same slices, 8 blocks (the looped kernel: 63% of the copy)
+    upto(32768).block(512).group(512).chunks(8).persistent(false).cluster(8).min_blocks(2),
 };
 
 // The fused add's forward past N = 16384 (kForwardAddLongPast vectors) on
 // sm_90: x and the residual outgrow the registers of kForward's rows there (a
 // 1024 x 4 row spilled 272 bytes in bf16, 4096x32768 in 655 us, 39% of the
 // copy, against 149 us without the add; 512 x 8 slices 128 registers and
-// spills), so its rows are 512 x 4 slices of 2, 4 and 8 blocks, uncapped (a
-// 64-register cap spills 96-290 bytes). Elsewhere it keeps kForward's rows.
+// spills), so its rows are 512 x 4 slices of 2, 4, 8 and 16 blocks, uncapped
+// (a 64-register cap spills 96-290 bytes). Elsewhere it keeps kForward's rows.
 inline constexpr int kForwardAddLongPast = 2048;
 inline constexpr RowPlan kForwardAddLong[] = {
     upto(4096).block(512).group(512).chunks(4).persistent(false).cluster(2),
     upto(8192).block(512).group(512).chunks(4).persistent(false).cluster(4),
     upto(16384).block(512).group(512).chunks(4).persistent(false).cluster(8),
+    upto(32768).block(512).group(512).chunks(4).persistent(false).cluster(16),
 };
 // The fused add's row of kForwardAddLong for rows of nvec vectors, or -1.
 constexpr int add_long_row(int nvec) {
@@ -254,10 +268,11 @@ inline constexpr RowPlan kLayerBackwardSm90[] = {
     upto(1024).block(256).group(256).chunks(4).stages(2).bulk(),
     // N <= 16384: RMSNorm's 512 x 4 (ahead of 1024 x 2)
     kBackwardSm90[10],
-    // N <= 32768 .. 131072: RMSNorm's cluster rows, 512 x 4 slices of 2, 4
-    // and 8 blocks (the shift crosses the cluster as the row's first vector,
-    // persistent_walk); stages and the slice's fp32 weight take 192 KiB in bf16
-    kBackwardSm90[11], kBackwardSm90[12], kBackwardSm90[13],
+    // N <= 32768 .. 262144: RMSNorm's cluster rows, 512 x 4 slices of 2, 4,
+    // 8 and 16 blocks (the shift crosses the cluster as the row's first
+    // vector, persistent_walk); stages and the slice's fp32 weight take 192
+    // KiB in bf16
+    kBackwardSm90[11], kBackwardSm90[12], kBackwardSm90[13], kBackwardSm90[14],
 };
 // Families 80 and 75: the same rows with per-thread copies (not measured),
 // without the cluster rows.
@@ -281,8 +296,9 @@ inline constexpr RowPlan kLayerBackwardWRegsSm90[] = {
     // blocks, half the stages of the 512 x 4 rows (not tuned)
     upto(4096).block(512).group(512).chunks(2).stages(2).cluster(4),
     upto(8192).block(512).group(512).chunks(2).stages(2).cluster(8),
-    // N <= 131072: 512 x 4 slices of 8 (bf16 g only: fp32 g's stages do not fit)
-    kBackwardSm90[13],
+    // N <= 131072, 262144: 512 x 4 slices of 8 and 16 (bf16 g only: fp32
+    // g's stages do not fit)
+    kBackwardSm90[13], kBackwardSm90[14],
 };
 inline constexpr RowPlan kLayerBackwardWRegsSm80[] = {
     per_thread_copies(kLayerBackwardWRegsSm90[0]),
@@ -304,7 +320,7 @@ inline constexpr RowPlan kLayerForward[] = {
     // rows (sm_90 on; capped: 63 registers with w and b read as x; with the
     // general read, 36 bytes of spills in bf16, 52 in fp16). The fused add's
     // rows past N = 16384 are kForwardAddLong on sm_90.
-    kForward[12], kForward[13], kForward[14],
+    kForward[12], kForward[13], kForward[14], kForward[15],
 };
 
 // The fused residual add (add_rms_norm, add_layer_norm) runs the rows above,
@@ -362,7 +378,7 @@ static_assert(complete(kBackwardSm90) && complete(kBackwardSm80) && complete(kFo
 // A cluster splits one row a step into slices of whole vectors.
 constexpr bool splits_one_row(const RowPlan& p) {
   return p.cluster == 1 ||
-         (p.block == p.group && p.cluster <= 8 && p.max_nvec % p.cluster == 0 &&
+         (p.block == p.group && p.cluster <= kMaxCluster && p.max_nvec % p.cluster == 0 &&
           p.max_nvec / p.cluster <= p.group * p.chunks);
 }
 template <std::size_t K>
@@ -375,7 +391,7 @@ static_assert(clusters_split_rows(kBackwardSm90) && clusters_split_rows(kForward
                   clusters_split_rows(kLayerBackwardSm90) &&
                   clusters_split_rows(kLayerBackwardWRegsSm90) &&
                   clusters_split_rows(kLayerForward) && clusters_split_rows(kForwardAddLong),
-              "a cluster row: a row a step, at most 8 blocks (portable), each slice in one block");
+              "a cluster row: a row a step, at most kMaxCluster blocks, each slice in one block");
 static_assert(without(kBackwardSm80, &RowPlan::cluster, 1) &&
                   without(kLayerBackwardSm80, &RowPlan::cluster, 1) &&
                   without(kLayerBackwardWRegsSm80, &RowPlan::cluster, 1) &&

@@ -32,6 +32,17 @@ import mlx_rmsnorm  # noqa: E402
 
 GPU_AVAILABLE = mx.is_available(mx.gpu) and mlx_rmsnorm.has_cuda_kernels()
 
+
+def longest_cluster_nvec() -> int:
+    """The longest rows (16-byte vectors) that a row a thread-block cluster
+    covers on this GPU, 0 where it has none: 32768 (N = 262144 in bf16,
+    clusters of 16, a size past the portable 8 that H100 and H200 hold),
+    16384 (clusters of 8) on other GPUs of sm_90 on, none before sm_90."""
+    if mlx_rmsnorm.gpu_family() < 90:
+        return 0
+    name = str(mx.device_info(mx.gpu).get("device_name", ""))
+    return 32768 if ("H100" in name or "H200" in name) else 16384
+
 # Every correctness test runs on the CPU stream, and on the GPU where MLX has
 # CUDA and the plugin was built with its kernels; GPU cases carry the `gpu`
 # marker and skip cleanly elsewhere.

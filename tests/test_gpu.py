@@ -5,8 +5,8 @@ of gw and determinism. Skipped without MLX CUDA and our kernels."""
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import (GPU_AVAILABLE, LARGE_GROUP, ONE_ROUNDING, TOL, gx_scale, random, ref_backward, ref_forward, rel_err,
-                      to_numpy, ulp_errors)
+from conftest import (GPU_AVAILABLE, LARGE_GROUP, ONE_ROUNDING, TOL, gx_scale, longest_cluster_nvec, random,
+                      ref_backward, ref_forward, rel_err, to_numpy, ulp_errors)
 
 import mlx_rmsnorm
 from mlx_rmsnorm import _ext
@@ -231,18 +231,23 @@ def test_small_grids_after_long_rows():
     cases = [((256, 32768), mx.bfloat16), ((5, 32), mx.float32), ((3, 96), mx.float32),
              ((40, 65536), mx.bfloat16), ((999, 128), mx.float32), ((3, 256), mx.bfloat16),
              ((5, 2880), mx.float32), ((7, 131072), mx.bfloat16), ((33, 16384), mx.bfloat16),
-             ((64, 32768), mx.float32), ((1, 8192), mx.bfloat16)]
+             ((64, 32768), mx.float32), ((1, 8192), mx.bfloat16), ((3, 262144), mx.bfloat16),
+             ((2, 131072), mx.float32)]
     if mlx_rmsnorm.gpu_family() >= 90:
         # the order above is the failure's only where the long rows are clusters
         assert _ext._backward_kernels(256, 32768, mx.bfloat16)[0] == ("bwd_persistent_cluster", 2)
         assert _ext._backward_kernels(5, 32, mx.float32)[0] == ("bwd_persistent", 1)
+    if longest_cluster_nvec() == 32768:  # clusters of 16 (H100, H200), 8 before them
+        assert _ext._backward_kernels(3, 262144, mx.bfloat16)[0] == ("bwd_persistent_cluster", 16)
+        assert _ext._backward_kernels(7, 131072, mx.bfloat16)[0] == ("bwd_persistent_cluster", 8)
     for i, (shape, dtype) in enumerate(cases + cases):
         x, w, g = inputs(shape, 40 + 3 * i, dtype)
         check_against_float64(x, w, g, run(x, w, g), TOL[dtype], 2 * TOL[dtype], shape)
 
 
 # Row lengths of every backward plan: the persistent rows, the cluster rows
-# past N = 16384 (sm_90), the split plan past them.
+# past N = 16384 (sm_90: clusters of 2 to 16; N = 262144 takes the split plan
+# where clusters of 16 do not run).
 BATCH_N = [128, 1024, 8192, 16384, 32768, 65536, 131072, 262144]
 BATCH_OPS = ["rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm"]
 

@@ -22,8 +22,8 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from conftest import assert_normwise_close, lit
-from conftest import (DEVICES, DTYPES, GPU_AVAILABLE, TOL, graph_text, of_dtype, random, rel_err, to_numpy,
-                      unbroadcast)
+from conftest import (DEVICES, DTYPES, GPU_AVAILABLE, TOL, graph_text, longest_cluster_nvec, of_dtype, random,
+                      rel_err, to_numpy, unbroadcast)
 from conftest import LN_COMBO_IDS as COMBO_IDS, LN_COMBOS as COMBOS
 from norm_contract import family_contract_tests
 from norm_refs import add_h, add_layer_backward, layer_backward, layer_forward
@@ -847,10 +847,10 @@ def make_xwbg(shape, dtype, with_w, with_b, seed=0):
 
 
 def planned_nvec():
-    """The longest rows (16-byte vectors) LayerNorm has kernels for: 16384
-    (N = 131072 bf16, 65536 fp32) where rows span thread-block clusters
-    (sm_90 on), 2048 elsewhere."""
-    return 16384 if mlx_rmsnorm.gpu_family() >= 90 else 2048
+    """The longest rows (16-byte vectors) LayerNorm has kernels for: where
+    rows span thread-block clusters (sm_90 on) longest_cluster_nvec (H100,
+    H200: N = 262144 bf16, 131072 fp32), 2048 elsewhere."""
+    return longest_cluster_nvec() or 2048
 
 
 @pytest.mark.gpu
@@ -861,6 +861,7 @@ def planned_nvec():
     [(n, r) for n in (8, 16, 64, 128, 256, 512, 768, 1024, 1280, 2048, 2560, 4096, 5120, 8192, 16384,
                       24576, 32768, 65536, 131072)
      for r in (1, 3, 257)]
+    + [(262144, r) for r in (1, 3, 40)]
     # many steps a unit: every stage of the pipeline is refilled
     + [(n, 2048) for n in (64, 128, 1024, 2048, 5120, 8192, 16384)] + [(32768, 600), (131072, 100)],
 )
@@ -904,7 +905,7 @@ def test_odd_rows_path_is_exact(combo, dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU_AVAILABLE, reason="needs MLX CUDA + kernels")
 def test_gpu_unplanned_rows_go_to_the_builtin():
-    for n in (100, 262144):
+    for n in (100, 524288):
         x, w, b, g = make_xwbg((4, n), mx.bfloat16, True, True, seed=n)
         with mx.stream(mx.gpu):
             y = mlx_rmsnorm.layer_norm(x, w, b, EPS)
@@ -922,7 +923,7 @@ def test_gpu_unplanned_rows_go_to_the_builtin():
 @pytest.mark.skipif(not GPU_AVAILABLE, reason="needs MLX CUDA + kernels")
 @pytest.mark.parametrize("add", ADD)
 @pytest.mark.parametrize("w_dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("n", [24576, 32768, 65536, 131072])
+@pytest.mark.parametrize("n", [24576, 32768, 65536, 131072, 262144])
 def test_gpu_cluster_rows(add, w_dtype, n):
     """Rows past one SM (sm_90: a row a thread-block cluster, the shift the
     row's first vector in every block), with and without the add, with bf16
@@ -937,7 +938,7 @@ def test_gpu_cluster_rows(add, w_dtype, n):
         op = (lambda: mlx_rmsnorm.add_layer_norm(x, r, w, b, EPS)[0]) if add else \
             (lambda: mlx_rmsnorm.layer_norm(x, w, b, EPS))
         ours = ("AddLayerNormPlugin" if add else "LayerNormPlugin") in graph_text(op())
-    if mlx_rmsnorm.gpu_family() >= 90:
+    if n * 2 // 16 <= longest_cluster_nvec():
         assert ours or (add and w_dtype == "float32" and n > 65536)
     check(mx.gpu, x, r, w, b)
 
@@ -950,7 +951,8 @@ def test_gpu_cluster_and_plain_graphs_alternate():
     cluster shape, then the column sum of gw and gb) and plain ones of the
     same node count alternate, odd grids among them, twice over, and every
     gradient is checked against float64."""
-    cases = [(256, 32768), (5, 64), (40, 65536), (999, 128), (7, 131072), (3, 256)]
+    cases = [(256, 32768), (5, 64), (40, 65536), (999, 128), (7, 131072), (3, 256),
+             (3, 262144), (1, 8192)]
     tol = TOL[mx.bfloat16]
     for i, (m, n) in enumerate(cases + cases):
         x, w, b, g = make_xwbg((m, n), mx.bfloat16, True, True, seed=90 + i)
