@@ -83,7 +83,7 @@ Plan plan_forward(const FwdArgs& a) {
     if (cfg.cluster > 1) {
       // A row a cluster (sm_90 on): a block per slice, a cluster per row.
       const void* fn =
-          add_long >= 0 ? fwd_kernel_for<X, O, AddRmsRow, plans::kForwardAddLong>(add_long)
+          add_long >= 0 ? add_long_kernel<X, O, AddRmsRow>(add_long)
           : add         ? row_kernel<X, O, true>(row)
                         : row_kernel<X, O, false>(row);
       if (!clusters || detail::clusters_resident(fn, cfg.block, 0) == 0)

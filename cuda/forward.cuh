@@ -112,10 +112,7 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
         }
       }
 #pragma unroll
-      for (int j = 0; j < CHUNKS; ++j) {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) xv[j].v[k] = Row::row_in(xv[j].v[k], ev[j].v[k]);
-      }
+      for (int j = 0; j < CHUNKS; ++j) xv[j] = Row::row_in(xv[j], ev[j]);
     } else {
 #pragma unroll
       for (int j = 0; j < CHUNKS; ++j) {
@@ -150,8 +147,7 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
         XV first = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + start)[0];
         if constexpr (kExtra) {  // the shift is h's: its first vector
           const XV e0 = reinterpret_cast<const XV*>(static_cast<const X*>(a.residual) + start)[0];
-#pragma unroll
-          for (int k = 0; k < VEC; ++k) first.v[k] = Row::row_in(first.v[k], e0.v[k]);
+          first = Row::row_in(first, e0);
         }
         st.shift = vec_mean(first);
       } else {
@@ -333,6 +329,23 @@ const void* planned_fwd_kernel(int row) {
   });
 }
 
+// The fused add's kernel of plans::kForwardAddLong's row (sm_90, past N =
+// 16384): AddRmsRow under the rows' cap, AddLayerRow uncapped (under it its
+// shift and bias spilled 4-72 bytes: ptxas, sm_90, bf16 and fp16).
+template <typename X, typename O, typename Row, std::size_t... I>
+const void* add_long_kernel(int row, std::index_sequence<I...>) {
+  using plans::kForwardAddLong;
+  static const void* const kernels[] = {
+      fwd_kernel_for<X, O, Row, kForwardAddLong, I, kForwardAddLong[I].persistent,
+                     Row::kShift ? 0 : kForwardAddLong[I].min_blocks>()...};
+  return kernels[row];
+}
+template <typename X, typename O, typename Row>
+const void* add_long_kernel(int row) {
+  return add_long_kernel<X, O, Row>(
+      row, std::make_index_sequence<std::size(plans::kForwardAddLong)>{});
+}
+
 // Any N, any alignment (VEC = 1 when needed): a block per row, a first pass
 // for the sum of squares and a second that re-reads the row (from L1/L2: a
 // resident block's row is at most a few hundred KiB) to write y. RMSNorm
@@ -355,8 +368,7 @@ __global__ void __launch_bounds__(BLOCK) fwd_looped(const FwdArgs a) {
       XV xv = xr[v];
       if constexpr (ADD) {
         const XV ev = er[v];
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) xv.v[k] = AddRmsRow::row_in(xv.v[k], ev.v[k]);
+        xv = AddRmsRow::row_in(xv, ev);
         hr[v] = xv;
       }
 #pragma unroll

@@ -45,7 +45,7 @@ std::pair<const plans::RowPlan*, const void*> forward_row(int n, bool add, bool 
   const plans::RowPlan& cfg =
       add_long >= 0 ? plans::kForwardAddLong[add_long] : kLayerForward[row];
   const void* fn =
-      add_long >= 0 ? fwd_kernel_for<X, O, AddLayerRow, plans::kForwardAddLong>(add_long)
+      add_long >= 0 ? add_long_kernel<X, O, AddLayerRow>(add_long)
       : add         ? (w_as_x ? forward_kernel<X, O, AddLayerRow, true>(row)
                               : forward_kernel<X, O, AddLayerRow, false>(row))
                     : (w_as_x ? forward_kernel<X, O, LayerRow, true>(row)

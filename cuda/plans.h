@@ -205,17 +205,17 @@ inline constexpr RowPlan kForward[] = {
 };
 
 // The fused add's forward past N = 16384 (kForwardAddLongPast vectors) on
-// sm_90: x and the residual outgrow the registers of kForward's rows there (a
-// 1024 x 4 row spilled 272 bytes in bf16, 4096x32768 in 655 us, 39% of the
-// copy, against 149 us without the add; 512 x 8 slices 128 registers and
-// spills), so its rows are 512 x 4 slices of 2, 4, 8 and 16 blocks, uncapped
-// (a 64-register cap spills 96-290 bytes). Elsewhere it keeps kForward's rows.
+// sm_90: x and the residual, two held rows, do not fit kForward's 512 x 8
+// slices (128 registers and spills), so its rows are 512 x 4 slices of 2, 4,
+// 8 and 16 blocks, capped at two blocks a SM as kForward's are (AddRmsRow:
+// 63-64 registers, no spills; AddLayerRow runs them uncapped, forward.cuh
+// add_long_kernel says why). Elsewhere it keeps kForward's rows.
 inline constexpr int kForwardAddLongPast = 2048;
 inline constexpr RowPlan kForwardAddLong[] = {
-    upto(4096).block(512).group(512).chunks(4).persistent(false).cluster(2),
-    upto(8192).block(512).group(512).chunks(4).persistent(false).cluster(4),
-    upto(16384).block(512).group(512).chunks(4).persistent(false).cluster(8),
-    upto(32768).block(512).group(512).chunks(4).persistent(false).cluster(16),
+    upto(4096).block(512).group(512).chunks(4).persistent(false).cluster(2).min_blocks(2),
+    upto(8192).block(512).group(512).chunks(4).persistent(false).cluster(4).min_blocks(2),
+    upto(16384).block(512).group(512).chunks(4).persistent(false).cluster(8).min_blocks(2),
+    upto(32768).block(512).group(512).chunks(4).persistent(false).cluster(16).min_blocks(2),
 };
 // The fused add's row of kForwardAddLong for rows of nvec vectors, or -1.
 constexpr int add_long_row(int nvec) {

@@ -34,7 +34,8 @@
 //                         (backward), and outputs beside y or gx. A fused
 //                         residual add sets them to 1 (WithResidualAdd): forward
 //                         reads FwdArgs::residual and writes FwdArgs::h beside
-//                         y, the row value being row_in(x, residual); backward
+//                         y, the row value being row_in(x, residual) (a 16-byte
+//                         vector of each); backward
 //                         stages BwdArgs::gh beside x and g (a third operand
 //                         of each stage) and writes gx_out(gx, g_h). The walks
 //                         take kExtraIn == kExtraOut, 0 or 1.
@@ -199,8 +200,8 @@ template <typename Row>
 struct WithResidualAdd : Row {
   static constexpr int kExtraIn = 1, kExtraOut = 1;
 
-  template <typename X>
-  __device__ __forceinline__ static X row_in(X x, X residual) {
+  template <typename V>
+  __device__ __forceinline__ static V row_in(const V& x, const V& residual) {
     return add_round(x, residual);
   }
   __device__ __forceinline__ static float gx_out(float gx, float g_h) { return gx + g_h; }
