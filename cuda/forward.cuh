@@ -332,18 +332,14 @@ const void* planned_fwd_kernel(int row) {
 // The fused add's kernel of plans::kForwardAddLong's row (sm_90, past N =
 // 16384): AddRmsRow under the rows' cap, AddLayerRow uncapped (under it its
 // shift and bias spilled 4-72 bytes: ptxas, sm_90, bf16 and fp16).
-template <typename X, typename O, typename Row, std::size_t... I>
-const void* add_long_kernel(int row, std::index_sequence<I...>) {
-  using plans::kForwardAddLong;
-  static const void* const kernels[] = {
-      fwd_kernel_for<X, O, Row, kForwardAddLong, I, kForwardAddLong[I].persistent,
-                     Row::kShift ? 0 : kForwardAddLong[I].min_blocks>()...};
-  return kernels[row];
-}
 template <typename X, typename O, typename Row>
 const void* add_long_kernel(int row) {
-  return add_long_kernel<X, O, Row>(
-      row, std::make_index_sequence<std::size(plans::kForwardAddLong)>{});
+  using plans::kForwardAddLong;
+  return kernel_by_row<std::size(kForwardAddLong)>(row, [](auto i) {
+    constexpr const plans::RowPlan& c = kForwardAddLong[decltype(i)::value];
+    return fwd_kernel_for<X, O, Row, kForwardAddLong, decltype(i)::value, c.persistent,
+                          Row::kShift ? 0 : c.min_blocks>();
+  });
 }
 
 // Any N, any alignment (VEC = 1 when needed): a block per row, a first pass
