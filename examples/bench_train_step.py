@@ -138,19 +138,19 @@ def record_norm_calls(model, x, layer=False):
     the function up at each call, so a recording stand-in sees them all; the
     graph is never evaluated."""
     calls = []
-    name = "layer_norm" if layer else "rms_norm"
-    current = getattr(mx.fast, name)
+    op = "layer_norm" if layer else "rms_norm"
+    current = getattr(mx.fast, op)
 
     def record(x, w, *rest, **kwargs):
         b, eps = rest if layer else (None, *rest)
         calls.append((tuple(x.shape), x.dtype, tuple(w.shape), w.dtype, b is not None, eps))
         return current(x, w, *rest, **kwargs)
 
-    setattr(mx.fast, name, record)
+    setattr(mx.fast, op, record)
     try:
         model(x)
     finally:
-        setattr(mx.fast, name, current)
+        setattr(mx.fast, op, current)
     return calls
 
 
@@ -199,8 +199,8 @@ def norm_seconds(calls, frozen, reps, layer=False):
         arrays.append((x, w, b, g, eps))
     mx.eval(arrays)
     assert not mlx_rmsnorm.is_patched()  # so mx.fast's norms are MLX's own
-    name = "layer_norm" if layer else "rms_norm"
-    norms = {"mx.fast": getattr(mx.fast, name), "mlx_rmsnorm": getattr(mlx_rmsnorm, name)}
+    op = "layer_norm" if layer else "rms_norm"
+    norms = {"mx.fast": getattr(mx.fast, op), "mlx_rmsnorm": getattr(mlx_rmsnorm, op)}
 
     def run(norm):
         outs = []
