@@ -237,6 +237,18 @@ run_trainstep() {
 
 #: the generation benchmark (bench --generate)
 run_generate() { bench generate.log 200 --generate; }
+#: prefill at 128 and 512 tokens (the generation benchmark, 16 tokens; PREFILL_PROMPTS)
+run_prefill() {
+  ensure_built || return 1
+  local prompt rc=0
+  for prompt in ${PREFILL_PROMPTS:-128 512}; do
+    (cd /tmp && timeout "$(cap 120)" python3 -m mlx_rmsnorm.bench.generation --prompt "$prompt" \
+       --tokens 16 --rounds 9 --out "$OUT/bench-prefill$prompt" 2>&1) \
+      | tee "$OUT/prefill-$prompt.log" | grep -E "^model|prefill|decode"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  done
+  return $rc
+}
 #:: Benchmark
 #: the whole benchmark
 run_bench() { bench bench.log 500; }

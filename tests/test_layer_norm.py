@@ -945,6 +945,30 @@ def test_gpu_cluster_rows(add, w_dtype, n):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU_AVAILABLE, reason="needs MLX CUDA + kernels")
+@pytest.mark.parametrize("w_dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("n", [24576, 65536, 262144])
+def test_gpu_add_is_layer_norm_of_h_bit_for_bit(w_dtype, n):
+    """Past N = 16384 on sm_90 the fused add's forward is two calls
+    (plans::kAddLayerSplitPast): add_rows writes h, then LayerNorm's row
+    reads it. h must be MLX's x + r and y our layer_norm of that h, bit for
+    bit, with both inputs temporaries whose buffers h and y take (a second
+    call that did not wait for the first would read a stale h)."""
+    m = 64 if n < 262144 else 16
+    x, r, w, b = make((m, n), mx.bfloat16, True, True, seed=n // 512, add=True,
+                      w_dtype=DTYPES[w_dtype])
+    with mx.stream(mx.gpu):
+        y, h = mlx_rmsnorm.add_layer_norm(x * 1, r * 1, w, b, EPS)
+        if n * 2 // 16 <= longest_cluster_nvec() and not (w_dtype == "float32" and n > 65536):
+            assert "AddLayerNormPlugin" in graph_text(y)  # (fp32 g past 65536: no backward)
+        want_h = x + r
+        want_y = mlx_rmsnorm.layer_norm(want_h, w, b, EPS)
+        mx.eval(y, h, want_h, want_y)
+    assert mx.array_equal(h, want_h).item()
+    assert mx.array_equal(y, want_y).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU_AVAILABLE, reason="needs MLX CUDA + kernels")
 def test_gpu_cluster_and_plain_graphs_alternate():
     """MLX updates a cached CUDA graph in place with the next graph of the
     same node keys: LayerNorm's cluster backward (a child graph keyed by its
