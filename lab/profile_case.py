@@ -1,7 +1,9 @@
 """Runs one norm direction a few times (bf16, with a weight; LayerNorm with a
 bias too) so that a profiler can catch its kernels:
 
-    ncu ... python3 -m lab.profile_case {fwd,bwd} {ours,builtin} M N [rms|layer]
+    ncu ... python3 -m lab.profile_case {fwd,bwd} {ours,builtin} M N [rms|layer|add_rms|add_layer]
+
+add_*: the fused residual add (the built-in: MLX's add, then its norm).
 
 Run under ncu by scripts/gpu_run.sh (steps profile and profile-ln).
 """
@@ -21,14 +23,19 @@ def main(argv=None):
     w = mx.random.normal((n,)).astype(mx.bfloat16)
     b = mx.random.normal((n,)).astype(mx.bfloat16)
     g = mx.random.normal((m, n)).astype(mx.bfloat16)
-    mx.eval(x, w, b, g)
+    r = mx.random.normal((m, n)).astype(mx.bfloat16)  # the fused add's residual
+    mx.eval(x, w, b, g, r)
+    ours = impl == "ours"
+    params = [w] if op.endswith("rms") else [w, b]
     if op == "rms":
-        norm = mlx_rmsnorm.rms_norm if impl == "ours" else mx.fast.rms_norm
-        params = [w]
-    else:
-        layer = mlx_rmsnorm.layer_norm if impl == "ours" else mx.fast.layer_norm
+        norm = mlx_rmsnorm.rms_norm if ours else mx.fast.rms_norm
+    elif op == "layer":
+        layer = mlx_rmsnorm.layer_norm if ours else mx.fast.layer_norm
         norm = lambda x, w, b, eps: layer(x, w, b, eps)  # noqa: E731
-        params = [w, b]
+    else:  # y of the fused add
+        fused = {"add_rms": mlx_rmsnorm.add_rms_norm, "add_layer": mlx_rmsnorm.add_layer_norm}[op]
+        plain = {"add_rms": mx.fast.rms_norm, "add_layer": mx.fast.layer_norm}[op]
+        norm = (lambda x, *p: fused(x, r, *p)[0]) if ours else (lambda x, *p: plain(x + r, *p))
     for _ in range(3):
         if direction == "fwd":
             mx.eval(norm(x, *params, 1e-5))

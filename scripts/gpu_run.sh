@@ -156,10 +156,15 @@ run_tests() {
   local f rc=0
   pytest_run tests.log 300 $XDIST -m "gpu and not bigmem" $(test_paths) || rc=1
   if [ -z "${TESTS:-}" ]; then
-    pytest_run tests-default-device.log 300 $XDIST -m "not bigmem" \
-      $(for f in $DEFAULT_DEVICE_TESTS; do echo "$ROOT/tests/$f"; done) || rc=1
+    run_tests_default || rc=1
   fi
   return $rc
+}
+#: the modules that run on the default device alone (the second half of tests)
+run_tests_default() {
+  local f
+  pytest_run tests-default-device.log 300 $XDIST -m "not bigmem" \
+    $(for f in $DEFAULT_DEVICE_TESTS; do echo "$ROOT/tests/$f"; done)
 }
 #: the whole suite, not bigmem (what CI runs, plus the GPU tests)
 run_suite() { pytest_run suite.log 500 $XDIST -m "not bigmem" $(test_paths); }
@@ -315,6 +320,18 @@ ncu_sections() {
   shift 5
   timeout "$(cap "$limit")" ncu --clock-control none $sections -k regex:"$kernels" --launch-skip "$skip" \
     --launch-count "$count" "$@" 2>&1 | grep -v "^==PROF==" | grep -vi "^  *-\+ *$"
+}
+
+#: the forwards of the fused adds and LayerNorm at long rows, kernel by kernel (Nsight Compute time and DRAM bytes; NCU_FWD_CASES m:n:op)
+run_ncu_fwd() {
+  ensure_built || return 1
+  local case m n op
+  for case in ${NCU_FWD_CASES:-4096:24576:add_layer 4096:24576:layer 512:262144:add_layer 512:262144:layer 512:262144:add_rms}; do
+    IFS=: read -r m n op <<<"$case"
+    echo "##### fwd ours ${m}x$n $op"
+    ncu_sections 60 "--metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum" \
+      "add_rows|fwd_rows|fwd_looped" 0 6 python3 -m lab.profile_case fwd ours "$m" "$n" "$op"
+  done 2>&1 | tee "$OUT/ncu-fwd.txt"
 }
 
 #: Nsight Compute sections of the persistent backward (standalone) and of both forwards through MLX (PROFILE_MLX_ONLY)
