@@ -13,8 +13,14 @@ Plan plan_copy(const CopyArgs& a) {
     throw std::invalid_argument("rmsnorm: the copy ceiling needs 16-byte aligned buffers");
   detail::with_types(a.dtype, a.dtype, [&](auto tx, auto) {
     using T = typename decltype(tx)::type;
-    p.calls.push_back(detail::stream_call(reinterpret_cast<const void*>(&copy_ceiling<T>),
-                                          a.count, sizeof(T), "copy_ceiling"));
+    const void* fn = reinterpret_cast<const void*>(&copy_ceiling<T>);
+    constexpr int block = 256;
+    const int occ = detail::blocks_per_sm(fn, block, 0);
+    const int64_t vectors = detail::ceil_div(a.count, 16 / sizeof(T));
+    const int64_t grid = std::max<int64_t>(
+        1, std::min<int64_t>(detail::ceil_div(vectors, block),
+                             int64_t(detail::sm_count()) * std::max(occ, 1)));
+    p.calls.push_back(detail::make_call(fn, dim3(grid), dim3(block), 0, "copy_ceiling"));
   });
   return p;
 }

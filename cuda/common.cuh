@@ -189,35 +189,6 @@ __device__ __forceinline__ Vec<T, VEC> add_round(const Vec<T, VEC>& x, const Vec
   return h;
 }
 
-// out = x + g, rounded to T, over `count` elements of 16-byte aligned
-// buffers: 16-byte accesses, a grid-stride loop with two vectors a thread
-// per trip (four loads in flight before the first use), then the tail of a
-// count that is not a whole number of vectors. Every element is read and
-// written by the same thread, so out may be x or g. The copy ceiling
-// (bandwidth.cuh) and the fused add's first call (forward.cuh add_rows).
-template <typename T>
-__device__ __forceinline__ void add_stream(const void* x_, const void* g_, void* out_,
-                                           int64_t count) {
-  constexpr int VEC = 16 / sizeof(T);
-  using V = Vec<T, VEC>;
-  const V* x = static_cast<const V*>(x_);
-  const V* g = static_cast<const V*>(g_);
-  V* out = static_cast<V*>(out_);
-  const int64_t nvec = count / VEC;
-  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-  int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  for (; i + stride < nvec; i += 2 * stride) {
-    const V x0 = x[i], g0 = g[i], x1 = x[i + stride], g1 = g[i + stride];
-    out[i] = add_round(x0, g0);
-    out[i + stride] = add_round(x1, g1);
-  }
-  if (i < nvec) out[i] = add_round(x[i], g[i]);
-  const int64_t tail = nvec * VEC + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (tail < count)
-    static_cast<T*>(out_)[tail] = from_float<T>(to_float(static_cast<const T*>(x_)[tail]) +
-                                                to_float(static_cast<const T*>(g_)[tail]));
-}
-
 // Copy one Vec global -> shared without staging through registers where the
 // hardware can (sm_80 on: 4, 8 or 16-byte pieces). Narrower vectors, and
 // sm_75, which has no cp.async, take a plain vectorized load and store: still

@@ -11,7 +11,6 @@
 #include <string>
 #include <utility>
 
-#include "plans.h"
 #include "rmsnorm.h"
 
 namespace rmsnorm::detail {
@@ -87,20 +86,6 @@ decltype(auto) with_types(DType a, DType b, F&& f) {
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// A call of an elementwise stream kernel (add_stream, common.cuh) over
-// `count` elements of `elem_bytes` each: blocks of plans::kStreamBlock
-// threads, as many as the vectors need up to what the GPU holds at once (a
-// grid-stride loop covers the rest).
-inline KernelCall stream_call(const void* host_fn, int64_t count, int elem_bytes,
-                              const char* name) {
-  const int occ = blocks_per_sm(host_fn, plans::kStreamBlock, 0);
-  const int64_t vectors = ceil_div(count, 16 / elem_bytes);
-  const int64_t grid = std::max<int64_t>(
-      1, std::min<int64_t>(ceil_div(vectors, plans::kStreamBlock),
-                           int64_t(sm_count()) * std::max(occ, 1)));
-  return make_call(host_fn, dim3(grid), dim3(plans::kStreamBlock), 0, name);
-}
 
 inline std::size_t align_up(std::size_t v) { return (v + 255) / 256 * 256; }
 

@@ -91,8 +91,6 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   const int64_t stride = (int64_t)(gridDim.x / CLUSTER) * ROWS;
   const int64_t first = (int64_t)(blockIdx.x / CLUSTER) * ROWS;
   const bool w_aligned = aligned16(a.w);
-  // The row's source: x, or h where the plan's first call wrote it (OfH)
-  const void* const src = Row::kReadsH ? static_cast<const void*>(a.h) : a.x;
   auto row_vectors = [&](const void* base, int64_t row) {
     return reinterpret_cast<const XV*>(static_cast<const X*>(base) + row * n) + v0;
   };
@@ -100,7 +98,7 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   auto load = [&](XV (&xv)[CHUNKS], int64_t base) {
     const int64_t row = base + r;
     if (row >= a.rows) return;
-    const XV* xr = row_vectors(src, row);
+    const XV* xr = row_vectors(a.x, row);
     if constexpr (kExtra) {
       // Every load of both operands is issued before the first use.
       const XV* er = row_vectors(a.residual, row);
@@ -146,7 +144,7 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
       if constexpr (kFirst) {
         // (a masked row reads row 0's: any value serves it)
         const int64_t start = (valid ? row : 0) * n;
-        XV first = reinterpret_cast<const XV*>(static_cast<const X*>(src) + start)[0];
+        XV first = reinterpret_cast<const XV*>(static_cast<const X*>(a.x) + start)[0];
         if constexpr (kExtra) {  // the shift is h's: its first vector
           const XV e0 = reinterpret_cast<const XV*>(static_cast<const X*>(a.residual) + start)[0];
           first = Row::row_in(first, e0);
@@ -304,10 +302,10 @@ const void* fwd_kernel_for(int row) {
 // rows (plans::kForward, plans::kLayerForward) with policy Row:
 // - the fused add (Row::kExtraIn) holds its residual beside x, so it runs
 //   uncapped (under LayerNorm's cap it spilled 190-330 bytes a thread, ptxas,
-//   sm_90, bf16) and has no kernel (null) on the cluster rows: past N =
-//   16384 sm_90 runs plans::kForwardAddLong (add_rms_norm) or two calls
-//   (add_layer_norm, plans::kAddLayerSplitPast), other GPUs the looped
-//   kernel or the built-in;
+//   sm_90, bf16) and has no kernel (null) on the cluster rows: sm_90 runs
+//   plans::kForwardAddLong past N = 16384 (add_rms_norm up to
+//   plans::kAddRmsLongMax, then the looped kernel), other GPUs the looped
+//   kernel (add_rms_norm) or the built-in (add_layer_norm);
 // - W_FIRST: w loaded beside x (PERSISTENT's read) on rows of one block of at
 //   most 512 threads (1024 threads' 64 registers cannot hold it: spills);
 // - W_AS_X: w and b read in x's dtype on the rows that read them per step
@@ -333,22 +331,18 @@ const void* planned_fwd_kernel(int row) {
   });
 }
 
-// add_rms_norm's kernel of plans::kForwardAddLong's row (sm_90, past N =
-// 16384), under the rows' cap.
-template <typename X, typename O>
+// The fused add's kernel of plans::kForwardAddLong's row (sm_90, past N =
+// 16384), under the rows' cap (both policies; AddLayerRow's shift and bias
+// spill 4 bytes in bf16, 72 in fp16 with the general read of w and b, none
+// with W_AS_X: ptxas, sm_90).
+template <typename X, typename O, typename Row, bool W_AS_X = false>
 const void* add_long_kernel(int row) {
   using plans::kForwardAddLong;
   return kernel_by_row<std::size(kForwardAddLong)>(row, [](auto i) {
-    return fwd_kernel_for<X, O, AddRmsRow, kForwardAddLong, decltype(i)::value>();
+    constexpr const plans::RowPlan& c = kForwardAddLong[decltype(i)::value];
+    return fwd_kernel_for<X, O, Row, kForwardAddLong, decltype(i)::value, c.persistent,
+                          c.min_blocks, W_AS_X && !c.persistent>();
   });
-}
-
-// The first of the fused add's two calls (plans::kAddLayerSplitPast): h = x
-// + residual over every row, rounded as the one-pass rows round it; the
-// norm's row then reads h (OfH).
-template <typename X>
-__global__ void __launch_bounds__(plans::kStreamBlock) add_rows(const FwdArgs a) {
-  add_stream<X>(a.x, a.residual, a.h, a.rows * a.n);
 }
 
 // Any N, any alignment (VEC = 1 when needed): a block per row, a first pass

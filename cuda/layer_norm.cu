@@ -23,43 +23,37 @@ using detail::ceil_div;
 using detail::make_call;
 using plans::kLayerForward;
 
-// Row: LayerRow, AddLayerRow for the fused residual add (FwdArgs::residual
-// set) on the same table rows up to N = 16384, and past them, on sm_90,
-// OfH<LayerRow> after add_rows (plans::kAddLayerSplitPast). W_AS_X: w and b
-// read in x's dtype (fwd_rows_body).
+// Row: LayerRow, or AddLayerRow for the fused residual add (FwdArgs::residual
+// set), on the same table rows up to N = 16384 and past them, on sm_90,
+// plans::kForwardAddLong (as RMSNorm's; planned_fwd_kernel, forward.cuh).
+// W_AS_X: w and b read in x's dtype (fwd_rows_body).
 template <typename X, typename O, typename Row, bool W_AS_X>
 const void* forward_kernel(int row) {
   return planned_fwd_kernel<X, O, Row, kLayerForward, false, W_AS_X>(row);
 }
-template <typename X, typename O, typename Row>
-const void* forward_kernel(int row, bool w_as_x) {
-  return w_as_x ? forward_kernel<X, O, Row, true>(row) : forward_kernel<X, O, Row, false>(row);
-}
 
 // The forward's plan row and kernel for rows of n (the general read of w and
-// b unless `w_as_x`; split: add_rows goes first and the kernel reads h), or
-// nulls where LayerNorm has none: past the table, and cluster rows where the
-// GPU has no clusters or none fits.
-struct ForwardChoice {
-  const plans::RowPlan* cfg = nullptr;
-  const void* fn = nullptr;
-  bool split = false;
-};
+// b unless `w_as_x`), or nulls where LayerNorm has none: past the table, and
+// cluster rows where the GPU has no clusters or none fits.
 template <typename X, typename O>
-ForwardChoice forward_row(int n, bool add, bool w_as_x) {
+std::pair<const plans::RowPlan*, const void*> forward_row(int n, bool add, bool w_as_x) {
   constexpr int full = 16 / sizeof(X);
   const int row = n % full == 0 ? plans::row_for(kLayerForward, n / full) : -1;
-  if (row < 0) return {};
+  if (row < 0) return {nullptr, nullptr};
   const bool clusters = detail::target().family >= 90;
-  ForwardChoice c{&kLayerForward[row]};
-  c.split = add && clusters && n / full > plans::kAddLayerSplitPast;
-  c.fn = c.split ? forward_kernel<X, O, OfH<LayerRow>>(row, w_as_x)
-         : add   ? forward_kernel<X, O, AddLayerRow>(row, w_as_x)
-                 : forward_kernel<X, O, LayerRow>(row, w_as_x);
-  if (c.fn == nullptr ||
-      (c.cfg->cluster > 1 && (!clusters || detail::clusters_resident(c.fn, c.cfg->block, 0) == 0)))
-    return {};
-  return c;
+  const int add_long = add && clusters ? plans::add_long_row(n / full) : -1;
+  const plans::RowPlan& cfg =
+      add_long >= 0 ? plans::kForwardAddLong[add_long] : kLayerForward[row];
+  const void* fn =
+      add_long >= 0 ? (w_as_x ? add_long_kernel<X, O, AddLayerRow, true>(add_long)
+                              : add_long_kernel<X, O, AddLayerRow, false>(add_long))
+      : add         ? (w_as_x ? forward_kernel<X, O, AddLayerRow, true>(row)
+                              : forward_kernel<X, O, AddLayerRow, false>(row))
+                    : (w_as_x ? forward_kernel<X, O, LayerRow, true>(row)
+                              : forward_kernel<X, O, LayerRow, false>(row));
+  if (cfg.cluster > 1 && (!clusters || detail::clusters_resident(fn, cfg.block, 0) == 0))
+    return {nullptr, nullptr};
+  return {&cfg, fn};
 }
 
 // Whether w and b can be read as x (see W_AS_X): both given, in x's dtype,
@@ -138,7 +132,7 @@ bool layer_norm_planned(DType x_dtype, DType g_dtype, int n, bool add) {
   detail::with_types(x_dtype, g_dtype, [&](auto tx, auto tg) {
     using X = typename decltype(tx)::type;
     using G = typename decltype(tg)::type;
-    ok = forward_row<X, G>(n, add, false).fn != nullptr &&
+    ok = forward_row<X, G>(n, add, false).first != nullptr &&
          (add ? choose_backward<X, G, true>(n) : choose_backward<X, G, false>(n)).units > 0;
   });
   return ok;
@@ -154,13 +148,8 @@ Plan plan_layer_forward(const FwdArgs& a) {
   detail::with_types(a.x_dtype, a.y_dtype, [&](auto tx, auto to) {
     using X = typename decltype(tx)::type;
     using O = typename decltype(to)::type;
-    const ForwardChoice c = forward_row<X, O>(a.n, add, weights_as_x(a));
-    const plans::RowPlan* cfg = c.cfg;
-    const void* fn = c.fn;
-    if (vec != 16 / static_cast<int>(sizeof(X)) || fn == nullptr) no_plan("forward", a.n);
-    if (c.split)
-      p.calls.push_back(detail::stream_call(reinterpret_cast<const void*>(&add_rows<X>),
-                                            a.rows * a.n, sizeof(X), "add_rows"));
+    const auto [cfg, fn] = forward_row<X, O>(a.n, add, weights_as_x(a));
+    if (vec != 16 / static_cast<int>(sizeof(X)) || cfg == nullptr) no_plan("forward", a.n);
     if (cfg->cluster > 1) {
       // A row a cluster: a block per slice, a cluster per row.
       const int64_t grid =

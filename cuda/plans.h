@@ -208,28 +208,26 @@ inline constexpr RowPlan kForward[] = {
 
 // The fused add's forward past N = 16384 (kForwardAddLongPast vectors) on
 // sm_90: x and the residual, two held rows, do not fit kForward's 512 x 8
-// slices (128 registers and spills), so AddRmsRow's rows are 512 x 4 slices
-// of 2, 4 and 8 blocks, capped at two blocks a SM as kForward's are (63-64
-// registers, no spills). Past them (N = 262144) the looped kernel: slices of
-// 16 blocks took 372 us against its 346 (H200 512x262144; docs/NOTES.md).
-// Elsewhere it keeps kForward's rows. add_layer_norm does not take these
-// rows (kAddLayerSplitPast).
+// slices (128 registers and spills), so its rows are 512 x 4 slices of 2, 4,
+// 8 and 16 blocks, capped at two blocks a SM as kForward's are (AddRmsRow:
+// 63-64 registers, no spills; AddLayerRow: 62-64, see add_long_kernel).
+// AddLayerRow ran them uncapped before (79-96 registers, one block a SM):
+// capped, H100 4096x24576 301.6 us against 371.3 (90% of a copy of the same
+// bytes against 74%), 512x262144 458.4 against 617.6; and ahead of an add
+// then LayerNorm's own row of h (356.4, 496.5; cuda/cli/tune_add_forward).
+// Elsewhere it keeps kForward's rows.
 inline constexpr int kForwardAddLongPast = 2048;
 inline constexpr RowPlan kForwardAddLong[] = {
     upto(4096).block(512).group(512).chunks(4).persistent(false).cluster(2).min_blocks(2),
     upto(8192).block(512).group(512).chunks(4).persistent(false).cluster(4).min_blocks(2),
     upto(16384).block(512).group(512).chunks(4).persistent(false).cluster(8).min_blocks(2),
+    // N <= 262144: 16 blocks. add_rms_norm stops before it (kAddRmsLongMax)
+    upto(32768).block(512).group(512).chunks(4).persistent(false).cluster(16).min_blocks(2),
 };
-// add_layer_norm's forward past N = 16384 on sm_90 runs in two calls:
-// add_rows writes h = x + residual, then LayerNorm's own kLayerForward row
-// reads h (OfH<LayerRow>, row_math.cuh). That moves five row-sized streams
-// against one pass's four, and still wins: AddLayerRow's one-pass slices of
-// kForwardAddLong (uncapped: under the cap its shift and bias spill, one
-// block a SM) ran at 42-58% of the copy, below the built-in (MLX's add,
-// then its LayerNorm) at 4096x24576 (378 us against 354), 2048x65536 and
-// 512x262144, while MLX's add alone took 136-185 us and our LayerNorm
-// forward 135-189 us at those shapes (H200; docs/NOTES.md).
-inline constexpr int kAddLayerSplitPast = kForwardAddLongPast;
+// add_rms_norm takes kForwardAddLong's rows up to here and the looped kernel
+// past them: its looped kernel (which add_layer_norm has not) was ahead of
+// the row of 16 blocks (H200 512x262144: 346 us against 372; docs/NOTES.md).
+inline constexpr int kAddRmsLongMax = 16384;
 // The fused add's row of kForwardAddLong for rows of nvec vectors, or -1.
 constexpr int add_long_row(int nvec) {
   return nvec > kForwardAddLongPast ? row_for(kForwardAddLong, nvec) : -1;
@@ -331,9 +329,8 @@ inline constexpr RowPlan kLayerForward[] = {
     upto(2048).block(512).group(512).chunks(4).persistent(false).min_blocks(2),
     // N <= 32768: RMSNorm's row (not measured); past it RMSNorm's cluster
     // rows (sm_90 on; capped: 63 registers with w and b read as x; with the
-    // general read, 36 bytes of spills in bf16, 52 in fp16). The fused add
-    // runs these rows past N = 16384 on sm_90 too, reading the h that
-    // add_rows wrote (kAddLayerSplitPast).
+    // general read, 36 bytes of spills in bf16, 52 in fp16). The fused add's
+    // rows past N = 16384 are kForwardAddLong on sm_90.
     kForward[12], kForward[13], kForward[14], kForward[15],
 };
 
@@ -349,7 +346,6 @@ inline constexpr RowPlan kLayerForward[] = {
 // 16-byte friendly) -------------------------------------------------------------
 inline constexpr int kLoopedBlock = 512;  // forward, a block per row, 2 reads
 inline constexpr int kNaiveBlock = 256;   // the seed's per-row kernel
-inline constexpr int kStreamBlock = 256;  // elementwise streams: the copy ceiling, add_rows
 inline constexpr int kNaiveSplits = 64;   // seed: M -> 64 partial rows -> 1
 // Split backward: a row-statistics kernel, then column tiles of 32 vectors by
 // 8 row lanes; enough row splits that about this many blocks fill the GPU.
@@ -414,17 +410,19 @@ static_assert(without(kBackwardSm80, &RowPlan::cluster, 1) &&
               "clusters: the sm_90 backward tables, and the forward's, which the planners "
               "skip before sm_90");
 // The fused add's rows take over where kForward's row past
-// kForwardAddLongPast begins, and end within the forward tables.
+// kForwardAddLongPast begins, and end where the forward tables end.
 template <std::size_t K>
 constexpr bool add_long_covers(const RowPlan (&table)[K]) {
   int past = -1;  // the first row past kForwardAddLongPast
   for (std::size_t i = 0; i < K && past < 0; ++i)
     if (table[i].max_nvec > kForwardAddLongPast) past = int(i);
   return past > 0 && table[past - 1].max_nvec == kForwardAddLongPast &&
-         table[K - 1].max_nvec >= kForwardAddLong[std::size(kForwardAddLong) - 1].max_nvec;
+         table[K - 1].max_nvec == kForwardAddLong[std::size(kForwardAddLong) - 1].max_nvec;
 }
+static_assert(kForwardAddLong[std::size(kForwardAddLong) - 2].max_nvec == kAddRmsLongMax,
+              "add_rms_norm stops at a row of kForwardAddLong");
 static_assert(ascending(kForwardAddLong) && complete(kForwardAddLong) &&
-              add_long_covers(kForward));
+              add_long_covers(kForward) && add_long_covers(kLayerForward));
 // One wave loads w beside x (fwd_rows PERSISTENT), a row a step, uncapped.
 static_assert(without(kForwardOneWave, &RowPlan::persistent, true) &&
                   without(kForwardOneWave, &RowPlan::stages, 1) &&

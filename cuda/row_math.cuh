@@ -39,8 +39,6 @@
 //                         stages BwdArgs::gh beside x and g (a third operand
 //                         of each stage) and writes gx_out(gx, g_h). The walks
 //                         take kExtraIn == kExtraOut, 0 or 1.
-//     kReadsH             (forward) the row is read from FwdArgs::h, which an
-//                         earlier call of the same plan wrote, instead of x
 //
 // Every sum is over fp32 terms in a fixed order (group_sum, colsum): bitwise
 // deterministic. A policy's formulas are the one place its math lives; the
@@ -55,7 +53,6 @@ namespace rmsnorm {
 // gx = r (g w) - x (mean(g w x) r^3), gw = sum_rows g x r.
 struct RmsRow {
   static constexpr int kExtraIn = 0, kExtraOut = 0;
-  static constexpr bool kReadsH = false;
   using Sums = float2;
   static constexpr bool kShift = false, kWShared = false;
 
@@ -129,7 +126,6 @@ struct RmsRow {
 // per-column array beside the gw and gb partials.
 struct LayerRow {
   static constexpr int kExtraIn = 0, kExtraOut = 0;
-  static constexpr bool kReadsH = false;
   static constexpr bool kShift = true, kWShared = true;
 
   static constexpr int kFwdPasses = 1;
@@ -212,15 +208,6 @@ struct WithResidualAdd : Row {
 };
 using AddRmsRow = WithResidualAdd<RmsRow>;
 using AddLayerRow = WithResidualAdd<LayerRow>;
-
-// Row's forward of the row value h that the plan's first call wrote
-// (FwdArgs::h): the fused add's forward in two calls, add_rows then this
-// (plans::kAddLayerSplitPast says where and why).
-template <typename Row>
-struct OfH : Row {
-  static_assert(Row::kExtraIn == 0, "h is the row: no residual beside it");
-  static constexpr bool kReadsH = true;
-};
 
 // A LayerNorm policy with the weight in registers, as the RMSNorm walk keeps
 // it: for rows whose stages leave no room for it in shared memory (plans.h).

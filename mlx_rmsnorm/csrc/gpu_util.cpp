@@ -198,16 +198,7 @@ void ForwardCall::run(const rmsnorm::Plan& plan) {
   if (b_) enc.set_input_array(*b_);
   enc.set_output_array(*y_);
   if (h_) enc.set_output_array(*h_);
-  for (std::size_t i = 0; i < plan.calls.size(); ++i) {
-    // A later call reads the h that the first one wrote (the fused add in
-    // two calls, layer_norm.cu) and writes y: MLX puts a node after the last
-    // node that declared its input as an output.
-    if (i > 0) {
-      if (h_) enc.set_input_array(*h_);
-      enc.set_output_array(*y_);
-    }
-    record(enc, plan.calls[i], args);
-  }
+  for (const auto& c : plan.calls) record(enc, c, args);
 }
 
 BackwardCall::BackwardCall(NormPrimitive& prim, const std::vector<mx::array>& inputs,
