@@ -434,3 +434,16 @@ def test_large_n_prints_a_line_per_shape_op_and_direction(tmp_path, capsys):
     assert large_n.quack_us((4096, 32768), "rms_norm", "bwd") == 354
     assert large_n.quack_us((8192, 16384), "layer_norm", "fwd") is None  # not measured
     assert large_n.quack_us((4096, 32768), "add_rms_norm", "fwd") is None
+
+
+def test_large_n_ratio_to_quack_only_on_the_gpu_it_was_measured_on():
+    """QuACK's figures are an H200's: another GPU's line prints them without
+    an ours / QuACK ratio."""
+    from mlx_rmsnorm.bench import large_n
+
+    r = {"shape": "4096x32768", "op": "rms_norm", "direction": "bwd", "us": 300.0, "us_min": 290.0,
+         "us_max": 310.0, "ceiling_us": 270.0, "pct_ceiling": 90.0, "builtin_us": 600.0,
+         "x_builtin": 2.0, "quack_us": 354}
+    assert "ours/QuACK 0.85" in large_n.format_row(r, on_h200=True)
+    other = large_n.format_row(r, on_h200=False)
+    assert "QuACK  354 us" in other and "ours/QuACK" not in other and "no ratio" in other

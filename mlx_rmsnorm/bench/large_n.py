@@ -157,16 +157,19 @@ def run_case(shape, dtype, calls, repeats, singles, device):
     return rows
 
 
-def format_row(r):
+def format_row(r, on_h200=True):
     """One line: MxN, the op, the direction, ours, the ceiling, NN%, the
-    built-in (x: built-in / ours, median of the rounds), QuACK."""
+    built-in (x: built-in / ours, median of the rounds), QuACK (ours / QuACK
+    only where this run is on an H200 too: on another GPU the figures are
+    not comparable)."""
     line = (f"{r['shape']:>12}  {r['op']:<14} {r['direction']:<4} "
             f"ours {spread(r['us'], r['us_min'], r['us_max']):>22} us  "
             f"ceiling {r['ceiling_us']:7.1f} us  {r['pct_ceiling']:3.0f}%  "
             f"built-in {r['builtin_us']:7.1f} us ({r['x_builtin']:4.2f}x)")
     if r.get("quack_us") is not None:
         q = r["quack_us"]
-        line += f"  QuACK {q:4d} us (torch, H200; ours/QuACK {r['us'] / q:4.2f})"
+        line += (f"  QuACK {q:4d} us (torch, H200; ours/QuACK {r['us'] / q:4.2f})" if on_h200
+                 else f"  QuACK {q:4d} us (torch, H200; not this GPU: no ratio)")
     return line
 
 
@@ -185,7 +188,8 @@ def run(args, device, dtype, shapes):
           "rounds) on the bytes the op must move; NN% = ceiling / ours; built-in: mx.fast (after "
           "MLX's add for the add ops), x = built-in / ours; QuACK: measured with torch "
           "on an H200 (bf16), not in this run")
+    on_h200 = "H200" in device_name(device)
     for r in rows:
-        print(format_row(r))
+        print(format_row(r, on_h200))
     print(f"\nresults: {base}.csv, {base}.json ({elapsed:.0f} s)")
     return 0
