@@ -79,16 +79,16 @@ Plan plan_forward(const FwdArgs& a) {
     // The fused add's own rows where its x and residual outgrow kForward's
     // rows' registers (plans::kForwardAddLong), on GPUs with clusters.
     const bool clusters = detail::target().family >= 90;
-    const int add_long = add && clusters && a.n / full <= plans::kAddRmsLongMax
-                             ? plans::add_long_row(a.n / full)
-                             : -1;
+    const int add_long =
+        add && clusters ? plans::add_long_row(a.n / full, plans::kAddRmsLongMax) : -1;
     const auto& cfg = add_long >= 0 ? plans::kForwardAddLong[add_long] : kForward[row];
     if (cfg.cluster > 1) {
       // A row a cluster (sm_90 on): a block per slice, a cluster per row.
       // (the fused add has no kernel of kForward's cluster rows: past
       // kAddRmsLongMax it takes the looped kernel)
       const void* fn =
-          add_long >= 0 ? add_long_kernel<X, O, AddRmsRow>(add_long)
+          add_long >= 0 ? add_long_kernel<X, O, AddRmsRow, false,
+                                          plans::add_long_rows(plans::kAddRmsLongMax)>(add_long)
           : add         ? row_kernel<X, O, true>(row)
                         : row_kernel<X, O, false>(row);
       if (fn == nullptr || !clusters || detail::clusters_resident(fn, cfg.block, 0) == 0)

@@ -334,11 +334,13 @@ const void* planned_fwd_kernel(int row) {
 // The fused add's kernel of plans::kForwardAddLong's row (sm_90, past N =
 // 16384), under the rows' cap (both policies; AddLayerRow's shift and bias
 // spill 4 bytes in bf16, 72 in fp16 with the general read of w and b, none
-// with W_AS_X: ptxas, sm_90).
-template <typename X, typename O, typename Row, bool W_AS_X = false>
+// with W_AS_X: ptxas, sm_90). ROWS: the table's first rows that the norm
+// runs (plans::add_long_rows); no kernel is built for the others.
+template <typename X, typename O, typename Row, bool W_AS_X = false,
+          std::size_t ROWS = std::size(plans::kForwardAddLong)>
 const void* add_long_kernel(int row) {
   using plans::kForwardAddLong;
-  return kernel_by_row<std::size(kForwardAddLong)>(row, [](auto i) {
+  return kernel_by_row<ROWS>(row, [](auto i) {
     constexpr const plans::RowPlan& c = kForwardAddLong[decltype(i)::value];
     return fwd_kernel_for<X, O, Row, kForwardAddLong, decltype(i)::value, c.persistent,
                           c.min_blocks, W_AS_X && !c.persistent>();

@@ -228,9 +228,19 @@ inline constexpr RowPlan kForwardAddLong[] = {
 // past them: its looped kernel (which add_layer_norm has not) was ahead of
 // the row of 16 blocks (H200 512x262144: 346 us against 372; docs/NOTES.md).
 inline constexpr int kAddRmsLongMax = 16384;
-// The fused add's row of kForwardAddLong for rows of nvec vectors, or -1.
-constexpr int add_long_row(int nvec) {
-  return nvec > kForwardAddLongPast ? row_for(kForwardAddLong, nvec) : -1;
+// The fused add's row of kForwardAddLong for rows of nvec vectors, or -1
+// where nvec is not past kForwardAddLongPast or is past max_nvec (the
+// norm's last row: add_rms_norm's kAddRmsLongMax).
+constexpr int add_long_row(int nvec,
+                           int max_nvec = kForwardAddLong[std::size(kForwardAddLong) - 1].max_nvec) {
+  return nvec > kForwardAddLongPast && nvec <= max_nvec ? row_for(kForwardAddLong, nvec) : -1;
+}
+// How many of kForwardAddLong's rows end at most at max_nvec: the rows a
+// norm has kernels for.
+constexpr std::size_t add_long_rows(int max_nvec) {
+  std::size_t k = 0;
+  while (k < std::size(kForwardAddLong) && kForwardAddLong[k].max_nvec <= max_nvec) ++k;
+  return k;
 }
 
 // Forward, one wave of rows (decode: a token's 1-64 rows, at most one step of
@@ -419,7 +429,8 @@ constexpr bool add_long_covers(const RowPlan (&table)[K]) {
   return past > 0 && table[past - 1].max_nvec == kForwardAddLongPast &&
          table[K - 1].max_nvec == kForwardAddLong[std::size(kForwardAddLong) - 1].max_nvec;
 }
-static_assert(kForwardAddLong[std::size(kForwardAddLong) - 2].max_nvec == kAddRmsLongMax,
+static_assert(add_long_rows(kAddRmsLongMax) > 0 &&
+                  kForwardAddLong[add_long_rows(kAddRmsLongMax) - 1].max_nvec == kAddRmsLongMax,
               "add_rms_norm stops at a row of kForwardAddLong");
 static_assert(ascending(kForwardAddLong) && complete(kForwardAddLong) &&
               add_long_covers(kForward) && add_long_covers(kLayerForward));
