@@ -104,7 +104,7 @@ constexpr RowPlan kNew[] = {
     // N <= 16384
     upto(2048).block(512).group(512).chunks(4).stages(2).bulk(),
     upto(2048).block(1024).group(1024).chunks(2).stages(2).bulk(),
-    // N <= 32768 .. 131072: a row a cluster (sm_90), per-thread copies. The
+    // N <= 32768 .. 262144: a row a cluster (sm_90), per-thread copies. The
     // table's 512 x 4 slices of 2, 4 and 8 blocks (one block a SM: 192 KiB of
     // stages and weight) against smaller slices, two or more blocks a SM.
     upto(4096).block(512).group(512).chunks(4).stages(2).cluster(2),
@@ -112,12 +112,19 @@ constexpr RowPlan kNew[] = {
     upto(4096).block(256).group(256).chunks(4).stages(2).cluster(4),
     upto(4096).block(512).group(512).chunks(2).stages(3).cluster(4),
     upto(4096).block(512).group(512).chunks(1).stages(2).cluster(8),
+    upto(4096).block(256).group(256).chunks(2).stages(2).cluster(8),
     upto(8192).block(512).group(512).chunks(4).stages(2).cluster(4),
     upto(8192).block(512).group(512).chunks(2).stages(2).cluster(8),
     upto(8192).block(256).group(256).chunks(4).stages(2).cluster(8),
     upto(8192).block(512).group(512).chunks(2).stages(3).cluster(8),
+    upto(8192).block(256).group(256).chunks(2).stages(2).cluster(16),
     upto(16384).block(512).group(512).chunks(4).stages(2).cluster(8),
     upto(16384).block(1024).group(1024).chunks(2).stages(2).cluster(8),
+    upto(16384).block(512).group(512).chunks(2).stages(2).cluster(16),
+    upto(16384).block(256).group(256).chunks(4).stages(2).cluster(16),
+    // N <= 262144: the table's 512 x 4 slices of 16 blocks against 1024 x 2
+    upto(32768).block(512).group(512).chunks(4).stages(2).cluster(16),
+    upto(32768).block(1024).group(1024).chunks(2).stages(2).cluster(16),
 };
 // The weight in registers (LayerRowWRegs): the fallback row of plans.h.
 constexpr RowPlan kRegs[] = {
@@ -125,6 +132,22 @@ constexpr RowPlan kRegs[] = {
     // 512 x 4: 128 registers a thread where 1024 x 2 has 64 (and spills)
     upto(2048).block(512).group(512).chunks(4).stages(2).bulk(),
 };
+// add_layer_norm's backward past one SM (AddLayerRow: g_h staged beside x and
+// g), the fp32 weight in shared memory: slices small enough that the stages
+// and the weight leave room for two blocks a SM, against the planned rows
+// (512 x 4 slices where they fit, else 512 x 2 or 512 x 4 with the weight in
+// registers).
+constexpr RowPlan kAddNew[] = {
+    upto(4096).block(256).group(256).chunks(4).stages(2).cluster(4),
+    upto(4096).block(256).group(256).chunks(4).stages(2).cluster(8),
+    upto(4096).block(256).group(256).chunks(2).stages(2).cluster(8),
+    upto(8192).block(256).group(256).chunks(4).stages(2).cluster(8),
+    upto(8192).block(256).group(256).chunks(4).stages(2).cluster(16),
+    upto(8192).block(256).group(256).chunks(2).stages(2).cluster(16),
+    upto(16384).block(256).group(256).chunks(4).stages(2).cluster(16),
+    upto(16384).block(512).group(512).chunks(2).stages(2).cluster(16),
+};
+
 // Forward rows: LayerRow candidates, w and b read as x (W_AS_X, as the
 // planner does where both are in x's dtype, as here), on other shapes of row
 // and with register caps (min_blocks). At N = 1280-2560 the planned 128 x 2 row takes 47 registers
@@ -186,12 +209,13 @@ int sm_count() {
 
 // A persistent LayerNorm backward chain for one row plan, sized as
 // layer_norm.cu sizes it: the walk, then one column sum of gw and gb.
+// g_per_x: staged operands beside x (1: g; 2: g and the fused add's g_h).
 Plan bwd_chain(const void* fn, const RowPlan& p, bool w_shared, int64_t m, int n,
-               int min_steps) {
+               int min_steps, int g_per_x = 1) {
   const int nvec = n / 8;
   const int slice = (nvec + p.cluster - 1) / p.cluster;  // a block's vectors of a row
-  const size_t smem =
-      rmsnorm::plans::persistent_smem(p, nvec, 1) + (w_shared ? 4 * 8 * size_t(slice) : 0);
+  const size_t smem = rmsnorm::plans::persistent_smem(p, nvec, g_per_x) +
+                      (w_shared ? 4 * 8 * size_t(slice) : 0);
   Plan plan;
   // Units: resident blocks, or clusters of p.cluster blocks (the planner's
   // count, launch.cu), each leaving one partial row of gw and of gb.
@@ -767,6 +791,44 @@ int time_shape(const Options& opt, int64_t m, int n, std::vector<Result>& summar
       CHECK(rmsnorm::launch(bp, &as, st));
     });
     print("add ln bwd planned", bus, add_bytes, add_ceil, "");
+    // Candidates past one SM, checked against the planned chain's gx.
+    std::vector<float> ref_add;
+    for (int i = 0; i < int(std::size(kAddNew)); ++i) {
+      const RowPlan& p = kAddNew[i];
+      if (p.max_nvec < nvec || p.max_nvec >= 2 * nvec) continue;
+      const Plan cp = bwd_chain(
+          rmsnorm::persistent_kernel_for<X, X, rmsnorm::AddLayerRow, kAddNew>(i), p, true, m, n,
+          1, 2);
+      const std::string label = std::string("add ln bwd new ") + row_name(p, false);
+      if (cp.calls.empty()) {
+        std::printf("%-12s %s does not fit\n", shape, label.c_str());
+        continue;
+      }
+      auto run = [&](const Plan& plan, cudaStream_t st, int s) {
+        BwdArgs as = bwd_args(s);
+        as.x = hs[s];
+        as.gh = xs[s];
+        as.partial_rows = plan.partial_rows;
+        CHECK(rmsnorm::launch(plan, &as, st));
+      };
+      const double us = timed(label, [&](cudaStream_t st, int s) { run(cp, st, s); });
+      char check[48] = "";
+      if (us >= 0 && !opt.ncu) {
+        if (ref_add.empty()) {
+          run(bp, stream, 0);
+          CHECK(cudaStreamSynchronize(stream));
+          ref_add = cli::to_host(outs[0], std::min<size_t>(count, 1 << 22));
+        }
+        CHECK(cudaMemsetAsync(outs[0], 0xff, count * 2, stream));
+        run(cp, stream, 0);
+        CHECK(cudaStreamSynchronize(stream));
+        const double d =
+            cli::max_rel_diff(cli::to_host(outs[0], std::min<size_t>(count, 1 << 22)), ref_add);
+        std::snprintf(check, sizeof check, "gx %.0e %s", d, d <= 1e-2 ? "ok" : "DIFFER");
+        if (d > 1e-2) status = 1;
+      }
+      print(label + " g" + std::to_string(cp.calls[0].grid.x), us, add_bytes, add_ceil, check);
+    }
   }
   std::fflush(stdout);
 
@@ -824,7 +886,7 @@ int main(int argc, char** argv) {
       {8192, 4096}, {16384, 4096}, {4096, 8192}, {16384, 8192}, {8192, 16384},
       {8192, 2560}, {8192, 5120},
       // past one SM: the cluster rows (sm_90)
-      {4096, 24576}, {4096, 32768}, {2048, 65536}, {1024, 131072}};
+      {4096, 24576}, {4096, 32768}, {2048, 65536}, {1024, 131072}, {512, 262144}};
   std::printf("\n%-12s %-44s %8s %6s %7s %s\n", "shape", "what", "us", "GB/s", "%ceil",
               "check");
   std::vector<Result> summary;

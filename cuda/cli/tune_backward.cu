@@ -99,6 +99,14 @@ constexpr RowPlan kCandidates[] = {
     upto(8192).block(512).group(512).chunks(4).stages(2).cluster(4),
     upto(8192).block(512).group(512).chunks(2).stages(2).bulk().cluster(8),
     upto(8192).block(512).group(512).chunks(2).stages(2).cluster(8),
+    // N = 131072 (16384): the table's 512 x 4 slices of 8 against 1024 x 2
+    // slices of 8 and 512 x 2 of 16 (non-portable)
+    upto(16384).block(512).group(512).chunks(4).stages(2).cluster(8),
+    upto(16384).block(1024).group(1024).chunks(2).stages(2).cluster(8),
+    upto(16384).block(512).group(512).chunks(2).stages(2).cluster(16),
+    // N = 262144 (32768): 512 x 4 slices of 16 (the table's) against 1024 x 2
+    upto(32768).block(512).group(512).chunks(4).stages(2).cluster(16),
+    upto(32768).block(1024).group(1024).chunks(2).stages(2).cluster(16),
 };
 constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
 
@@ -112,7 +120,7 @@ int main(int argc, char** argv) {
       {8192, 1024},  {8192, 2048},  {8192, 2560},  {8192, 4096},  {8192, 5120},
       {16384, 896},  {16384, 3584}, {4096, 8192},  {131072, 128}, {262144, 128},
       {65536, 1024}, {32768, 2048}, {16384, 2880}, {16384, 4096}, {16384, 8192},
-      {8192, 16384}, {4096, 32768}};
+      {8192, 16384}, {4096, 32768}, {2048, 65536}, {1024, 131072}, {512, 262144}};
   if (argc > 2) std::printf("(only N = %s)\n", argv[2]);
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));

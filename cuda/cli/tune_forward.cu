@@ -129,6 +129,12 @@ constexpr RowPlan kCandidates[] = {
     upto(16384).block(1024).group(1024).chunks(2).persistent(B).cluster(8),
     upto(16384).block(256).group(256).chunks(8).persistent(B).cluster(8),
     upto(16384).block(1024).group(1024).chunks(4).persistent(B).cluster(4),
+    // N = 262144 (32768): the table's 512 x 8 slices of 8 (capped, two
+    // blocks a SM) against slices of 16 (non-portable) and 1024-thread slices
+    upto(32768).block(512).group(512).chunks(8).persistent(B).cluster(8).min_blocks(2),
+    upto(32768).block(512).group(512).chunks(4).persistent(B).cluster(16).min_blocks(3),
+    upto(32768).block(256).group(256).chunks(8).persistent(B).cluster(16).min_blocks(4),
+    upto(32768).block(1024).group(1024).chunks(4).persistent(B).cluster(8),
 };
 constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
 
@@ -141,7 +147,8 @@ int main(int argc, char** argv) {
       {8192, 2560},  {32768, 2560}, {8192, 3584},  {32768, 3584}, {8192, 5120},
       {32768, 5120}, {262144, 128}, {131072, 256}, {65536, 512},  {65536, 1024},
       {32768, 2048}, {16384, 2880}, {16384, 4096}, {16384, 8192},
-      {4096, 8192},  {8192, 16384}, {4096, 32768}, {2048, 65536}, {1024, 131072}};
+      {4096, 8192},  {8192, 16384}, {4096, 32768}, {2048, 65536}, {1024, 131072},
+      {512, 262144}};
   if (argc > 2) std::printf("(only N = %s)\n", argv[2]);
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
