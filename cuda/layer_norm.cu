@@ -87,7 +87,8 @@ struct BackwardChoice {
 };
 
 // ADD: the fused residual add's backward (AddLayerRow: g_h staged beside x
-// and g, one more x-width of operand a stage), on the same rows.
+// and g, one more x-width of operand a stage), on the same rows up to one
+// SM's row and on rows of its own past it (sm_90).
 template <typename X, typename G, bool ADD>
 BackwardChoice choose_backward(int n) {
   using Row = std::conditional_t<ADD, AddLayerRow, LayerRow>;
@@ -108,8 +109,14 @@ BackwardChoice choose_backward(int n) {
     return c.units > 0;
   };
   static_assert(Row::kWShared && !RowWRegs::kWShared);
-  if (fit(sm90 ? persistent_row_of<X, G, Row, plans::kLayerBackwardSm90>(nvec)
-               : persistent_row_of<X, G, Row, plans::kLayerBackwardSm80>(nvec),
+  // The fused add has sm_90 rows of its own past one SM (plans.h).
+  auto sm90_row = [&] {
+    if constexpr (ADD)
+      return persistent_row_of<X, G, Row, plans::kAddLayerBackwardSm90>(nvec);
+    else
+      return persistent_row_of<X, G, Row, plans::kLayerBackwardSm90>(nvec);
+  };
+  if (fit(sm90 ? sm90_row() : persistent_row_of<X, G, Row, plans::kLayerBackwardSm80>(nvec),
           true))
     return c;
   fit(sm90 ? persistent_row_of<X, G, RowWRegs, plans::kLayerBackwardWRegsSm90>(nvec)

@@ -289,11 +289,19 @@ inline constexpr RowPlan kLayerBackwardSm90[] = {
     upto(1024).block(256).group(256).chunks(4).stages(2).bulk(),
     // N <= 16384: RMSNorm's 512 x 4 (ahead of 1024 x 2)
     kBackwardSm90[10],
-    // N <= 32768 .. 262144: RMSNorm's cluster rows, 512 x 4 slices of 2, 4,
-    // 8 and 16 blocks (the shift crosses the cluster as the row's first
-    // vector, persistent_walk); stages and the slice's fp32 weight take 192
-    // KiB in bf16
-    kBackwardSm90[11], kBackwardSm90[12], kBackwardSm90[13], kBackwardSm90[14],
+    // Past one SM a row spans a cluster (the shift crosses it as the row's
+    // first vector, persistent_walk). 512 x 4 slices take 128 registers and,
+    // with their stages and fp32 weight, 192 KiB in bf16: one block (16
+    // warps) a SM. Slices of 256 x 4 take half the shared memory, two blocks
+    // a SM (H100, cuda/cli/layer_norm_bench, bf16, us against 512 x 4):
+    // N <= 32768: 4 blocks (4096x24576 241.0 against 248.1; 4096x32768 309.4
+    // against 318.6; 256 x 2 slices of 8: 347.2)
+    upto(4096).block(256).group(256).chunks(4).stages(2).cluster(4),
+    // N <= 65536: 8 blocks (2048x65536 321.7 against 346.4)
+    upto(8192).block(256).group(256).chunks(4).stages(2).cluster(8),
+    // N <= 131072, 262144: RMSNorm's 512 x 4 slices of 8 and 16 blocks
+    // (1024x131072: 256 x 4 slices of 16 level, 377.5 against 376.7)
+    kBackwardSm90[13], kBackwardSm90[14],
 };
 // Families 80 and 75: the same rows with per-thread copies (not measured),
 // without the cluster rows.
@@ -306,6 +314,26 @@ inline constexpr RowPlan kLayerBackwardSm80[] = {
     per_thread_copies(kLayerBackwardSm90[10]), per_thread_copies(kLayerBackwardSm90[11]),
     per_thread_copies(kLayerBackwardSm90[12]),
 };
+// add_layer_norm's backward (AddLayerRow) stages g_h beside x and g: below
+// one SM's row the same rows; past it slices of its own, whose three operands
+// leave room for two blocks a SM or more (H100, layer_norm_bench, bf16, us;
+// before: 512 x 4 slices where the weight fit, else kLayerBackwardWRegsSm90):
+// past the table the weight-in-registers rows take it (N > 65536).
+inline constexpr RowPlan kAddLayerBackwardSm90[] = {
+    kLayerBackwardSm90[0],  kLayerBackwardSm90[1],  kLayerBackwardSm90[2],
+    kLayerBackwardSm90[3],  kLayerBackwardSm90[4],  kLayerBackwardSm90[5],
+    kLayerBackwardSm90[6],  kLayerBackwardSm90[7],  kLayerBackwardSm90[8],
+    kLayerBackwardSm90[9],  kLayerBackwardSm90[10], kLayerBackwardSm90[11],
+    kLayerBackwardSm90[12],
+    // N <= 24576: LayerNorm's 256 x 4 slices of 4 (4096x24576 288.8 against 292.2)
+    upto(3072).block(256).group(256).chunks(4).stages(2).cluster(4),
+    // N <= 32768: 256 x 2 slices of 8 (4096x32768 385.9; 256 x 4 slices of 4
+    // 414.8, one block a SM; 512 x 2 slices of 4, weight in registers, 440.4)
+    upto(4096).block(256).group(256).chunks(2).stages(2).cluster(8),
+    // N <= 65536: 256 x 2 slices of 16 (2048x65536 440.5; 256 x 4 slices of
+    // 8 449.9; 512 x 2 slices of 8, weight in registers, 472.1)
+    upto(8192).block(256).group(256).chunks(2).stages(2).cluster(16),
+};
 // Where the stages and the fp32 weight do not fit a block (16-bit x with fp32
 // g past N = 8192), the weight stays in registers (WeightInRegisters<Row>).
 inline constexpr RowPlan kLayerBackwardWRegsSm90[] = {
@@ -313,8 +341,9 @@ inline constexpr RowPlan kLayerBackwardWRegsSm90[] = {
     // us, level with the shared weight's 220.1; 1024 x 2 at 64 registers
     // spilled 300-500 bytes a thread and took 266.1)
     upto(2048).block(512).group(512).chunks(4).stages(2).bulk(),
-    // N <= 32768, 65536 (the fused add, fp32 g): 512 x 2 slices of 4 and 8
-    // blocks, half the stages of the 512 x 4 rows (not tuned)
+    // N <= 32768, 65536 where the rows above do not fit (since the 256-thread
+    // slices: a GPU that refuses the fused add's clusters of 16): 512 x 2
+    // slices of 4 and 8 blocks, half the stages of the 512 x 4 rows (not tuned)
     upto(4096).block(512).group(512).chunks(2).stages(2).cluster(4),
     upto(8192).block(512).group(512).chunks(2).stages(2).cluster(8),
     // N <= 131072, 262144: 512 x 4 slices of 8 and 16 (bf16 g only: fp32
@@ -344,13 +373,14 @@ inline constexpr RowPlan kLayerForward[] = {
     kForward[12], kForward[13], kForward[14], kForward[15],
 };
 
-// The fused residual add (add_rms_norm, add_layer_norm) runs the rows above,
-// forward and backward, rather than tables of its own: h takes x's place in
-// registers or in the stages, so a row's bounds hold unchanged, and its extra
-// operands add bytes per row in the same proportion at every N. In the
-// backward gh takes one more x-sized slot a stage (persistent_smem's g_per_x
-// + 1): where that no longer fits a block (N = 16384 with fp32 g) the split
-// plan takes the row. Not re-tuned (docs/fused-add.md has its measurements).
+// The fused residual add (add_rms_norm, add_layer_norm) runs the rows above
+// up to one SM's row, forward and backward: h takes x's place in registers or
+// in the stages, so a row's bounds hold unchanged, and its extra operands add
+// bytes per row in the same proportion at every N. In the backward gh takes
+// one more x-sized slot a stage (persistent_smem's g_per_x + 1): where that no
+// longer fits a block (N = 16384 with fp32 g) the split plan takes the row.
+// Past one SM's row it has rows of its own (kForwardAddLong,
+// kAddLayerBackwardSm90). Below it not re-tuned (docs/fused-add.md).
 
 // --- Fallbacks (any N, any alignment; VEC = 1 when N or a pointer is not
 // 16-byte friendly) -------------------------------------------------------------
@@ -391,10 +421,12 @@ constexpr bool without(const T (&table)[K], F T::*field, F none = F{}) {
 }
 static_assert(ascending(kBackwardSm90) && ascending(kBackwardSm80) && ascending(kForward) &&
               ascending(kForwardOneWave) && ascending(kLayerBackwardSm90) &&
-              ascending(kLayerBackwardSm80) && ascending(kLayerForward));
+              ascending(kAddLayerBackwardSm90) && ascending(kLayerBackwardSm80) &&
+              ascending(kLayerForward));
 static_assert(complete(kBackwardSm90) && complete(kBackwardSm80) && complete(kForward) &&
               complete(kForwardOneWave) && complete(kLayerBackwardSm90) &&
-              complete(kLayerBackwardSm80) && complete(kLayerBackwardWRegsSm90) &&
+              complete(kAddLayerBackwardSm90) && complete(kLayerBackwardSm80) &&
+              complete(kLayerBackwardWRegsSm90) &&
               complete(kLayerBackwardWRegsSm80) && complete(kLayerForward));
 // A cluster splits one row a step into slices of whole vectors.
 constexpr bool splits_one_row(const RowPlan& p) {
@@ -410,6 +442,7 @@ constexpr bool clusters_split_rows(const RowPlan (&table)[K]) {
 }
 static_assert(clusters_split_rows(kBackwardSm90) && clusters_split_rows(kForward) &&
                   clusters_split_rows(kLayerBackwardSm90) &&
+                  clusters_split_rows(kAddLayerBackwardSm90) &&
                   clusters_split_rows(kLayerBackwardWRegsSm90) &&
                   clusters_split_rows(kLayerForward) && clusters_split_rows(kForwardAddLong),
               "a cluster row: a row a step, at most kMaxCluster blocks, each slice in one block");
