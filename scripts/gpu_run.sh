@@ -334,6 +334,18 @@ run_ncu_fwd() {
   done 2>&1 | tee "$OUT/ncu-fwd.txt"
 }
 
+#: the backwards at long rows through MLX, kernel by kernel (Nsight Compute time and DRAM bytes; NCU_BWD_CASES m:n:op)
+run_ncu_bwd() {
+  ensure_built || return 1
+  local case m n op
+  for case in ${NCU_BWD_CASES:-4096:32768:layer 2048:65536:layer 512:262144:layer 4096:32768:rms 2048:65536:rms 512:262144:rms}; do
+    IFS=: read -r m n op <<<"$case"
+    echo "##### bwd ours ${m}x$n $op"
+    ncu_sections 60 "--metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum" \
+      "bwd_|colsum" 0 6 python3 -m lab.profile_case bwd ours "$m" "$n" "$op"
+  done 2>&1 | tee "$OUT/ncu-bwd.txt"
+}
+
 #: Nsight Compute sections of the persistent backward (standalone) and of both forwards through MLX (PROFILE_MLX_ONLY)
 run_profile() {
   ensure_cli || return 1
