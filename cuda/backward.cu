@@ -28,7 +28,7 @@ std::pair<const plans::RowPlan*, const void*> persistent_row(int family, int nve
 }
 
 // A colsum launch over n columns and `slices` row slices (grid.y), with
-// narrow or wide blocks by n (plans::kColsumNarrowBelow).
+// blocks of plans::colsum_cols(n) columns.
 template <typename S, bool FINAL>
 KernelCall colsum_call(int n, int slices, const char* name) {
   auto call = [&](auto cols) {
@@ -37,8 +37,12 @@ KernelCall colsum_call(int n, int slices, const char* name) {
                      dim3(ceil_div(n, kCols), slices), dim3(kCols, 1024 / kCols), 0,
                      name);
   };
-  return n < plans::kColsumNarrowBelow ? call(std::integral_constant<int, 8>{})
-                                       : call(std::integral_constant<int, 32>{});
+  const int cols = plans::colsum_cols(n, FINAL);
+  if (cols == 8) return call(std::integral_constant<int, 8>{});
+  if constexpr (FINAL) {
+    if (cols == 128) return call(std::integral_constant<int, 128>{});
+  }
+  return call(std::integral_constant<int, 32>{});
 }
 
 KernelCall final_colsum(int n) { return colsum_call<float, true>(n, 1, "colsum_f32"); }

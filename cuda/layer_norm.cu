@@ -73,8 +73,14 @@ KernelCall column_sum(int n, const char* name) {
                      dim3(ceil_div(n, kCols)),
                      dim3(kCols, 1024 / kCols), 0, name);
   };
-  return n < plans::kColsumNarrowBelow ? call(std::integral_constant<int, 8>{})
-                                       : call(std::integral_constant<int, 32>{});
+  switch (plans::colsum_cols(n, true)) {
+    case 8:
+      return call(std::integral_constant<int, 8>{});
+    case 32:
+      return call(std::integral_constant<int, 32>{});
+    default:
+      return call(std::integral_constant<int, 128>{});
+  }
 }
 
 // The persistent kernel, its dynamic shared memory and the units (blocks,

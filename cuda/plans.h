@@ -394,6 +394,17 @@ inline constexpr int kSplitBlocksPerSM = 8;
 // Column sums of the gw partials (colsum.cuh): rows shorter than this use
 // blocks of 8 columns by 128 row lanes, longer ones 32 by 32.
 inline constexpr int kColsumNarrowBelow = 4096;
+// From here the final sums take blocks of 128 columns by 8 row lanes: the
+// cluster rows leave few partial rows (7-66 clusters) over many columns, and
+// 32 x 32 blocks, each thread one or two loads, took 4 waves of blocks at N =
+// 32768 and 31 at 262144 (H100, ncu through MLX: 12.6 us at 4096x32768 for
+// 8.6 MB of partials, 17.2 at 2048x65536).
+inline constexpr int kColsumWideFrom = 32768;
+// Columns a block of the column sum over rows of n; FINAL: the sum of the
+// partial rows (the naive chain's first sum over M rows stays 8 or 32).
+constexpr int colsum_cols(int n, bool final_sum) {
+  return n < kColsumNarrowBelow ? 8 : final_sum && n >= kColsumWideFrom ? 128 : 32;
+}
 
 // --- What the planners rely on --------------------------------------------------
 template <typename T, std::size_t K>

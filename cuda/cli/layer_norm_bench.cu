@@ -234,12 +234,12 @@ Plan bwd_chain(const void* fn, const RowPlan& p, bool w_shared, int64_t m, int n
   plan.calls.push_back(KernelCall{fn, nullptr, dim3(grid * p.cluster), dim3(p.block),
                                   unsigned(smem), "layer_bwd_persistent", p.cluster});
   plan.partial_rows = int(grid);
-  const bool narrow = n < rmsnorm::plans::kColsumNarrowBelow;
-  const int cols = narrow ? 8 : 32;
+  const int cols = rmsnorm::plans::colsum_cols(n, true);
   auto colsum = [&](auto part) -> const void* {
     constexpr int P = decltype(part)::value;
-    return narrow ? reinterpret_cast<const void*>(&rmsnorm::colsum<float, true, 8, P>)
-                  : reinterpret_cast<const void*>(&rmsnorm::colsum<float, true, 32, P>);
+    return cols == 8    ? reinterpret_cast<const void*>(&rmsnorm::colsum<float, true, 8, P>)
+           : cols == 32 ? reinterpret_cast<const void*>(&rmsnorm::colsum<float, true, 32, P>)
+                        : reinterpret_cast<const void*>(&rmsnorm::colsum<float, true, 128, P>);
   };
   const dim3 blocks((n + cols - 1) / cols), threads(cols, 1024 / cols);
   plan.calls.push_back(KernelCall{colsum(std::integral_constant<int, rmsnorm::kBothParts>{}),
