@@ -41,6 +41,7 @@ KernelCall colsum_call(int n, int slices, const char* name) {
   if (cols == 8) return call(std::integral_constant<int, 8>{});
   if constexpr (FINAL) {
     if (cols == 128) return call(std::integral_constant<int, 128>{});
+    if (cols == 512) return call(std::integral_constant<int, 512>{});
   }
   return call(std::integral_constant<int, 32>{});
 }

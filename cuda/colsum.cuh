@@ -12,9 +12,10 @@ namespace rmsnorm {
 // tree through shared memory. The walk down the rows is latency-bound when
 // there are few columns and many partial rows (N = 128: over a thousand), so
 // narrow blocks (COLS = 8) give such sums more blocks and shorter walks; the
-// other way round (the cluster rows: tens of partial rows, N >= 32768), wide
-// blocks (COLS = 128, 8 lanes) keep the grid to a wave or two, where 32 x 32
-// blocks of one or two loads a thread took many (plans::colsum_cols).
+// other way round (the cluster rows: 7-66 partial rows, N >= 32768), wide
+// blocks (COLS = 128 by 8 lanes, 512 by 2 past N = 131072) keep the grid to a
+// wave or two, where 32 x 32 blocks of one or two loads a thread took many
+// (plans::colsum_cols).
 //   FINAL:  partials (partial_rows x n, fp32) -> gw (n, w_dtype); grid.y == 1.
 //  !FINAL:  the naive chain's M x n rows (x dtype) -> partials, grid.y slices.
 // PART (FINAL only) picks the column partial: 0 gw, 1 gb (LayerNorm), whose

@@ -78,8 +78,10 @@ KernelCall column_sum(int n, const char* name) {
       return call(std::integral_constant<int, 8>{});
     case 32:
       return call(std::integral_constant<int, 32>{});
-    default:
+    case 128:
       return call(std::integral_constant<int, 128>{});
+    default:
+      return call(std::integral_constant<int, 512>{});
   }
 }
 

@@ -151,10 +151,10 @@ DEFAULT_DEVICE_TESTS="test_fuse.py test_fuse_safety.py test_fuse_contract.py tes
   test_report.py test_routing.py test_main_job.py test_mlx_lm.py test_export.py test_architectures.py
   test_suite_safety.py"
 #:: Tests
-#: GPU-marked tests, not bigmem (xdist by group), then the modules that run on the default device (fuse, patch); TESTS=paths: those paths' GPU tests only
+#: GPU-marked tests, not bigmem (xdist by group), then the modules that run on the default device (fuse, patch); TESTS=paths: those paths' GPU tests only; TESTS_K=expr: those pytest -k selects
 run_tests() {
   local f rc=0
-  pytest_run tests.log 300 $XDIST -m "gpu and not bigmem" $(test_paths) || rc=1
+  pytest_run tests.log 300 $XDIST -m "gpu and not bigmem" ${TESTS_K:+-k "$TESTS_K"} $(test_paths) || rc=1
   if [ -z "${TESTS:-}" ]; then
     run_tests_default || rc=1
   fi
