@@ -31,19 +31,9 @@ std::pair<const plans::RowPlan*, const void*> persistent_row(int family, int nve
 // blocks of plans::colsum_cols(n) columns.
 template <typename S, bool FINAL>
 KernelCall colsum_call(int n, int slices, const char* name) {
-  auto call = [&](auto cols) {
-    constexpr int kCols = decltype(cols)::value;
-    return make_call(reinterpret_cast<const void*>(&colsum<S, FINAL, kCols>),
-                     dim3(ceil_div(n, kCols), slices), dim3(kCols, 1024 / kCols), 0,
-                     name);
-  };
   const int cols = plans::colsum_cols(n, FINAL);
-  if (cols == 8) return call(std::integral_constant<int, 8>{});
-  if constexpr (FINAL) {
-    if (cols == 128) return call(std::integral_constant<int, 128>{});
-    if (cols == 512) return call(std::integral_constant<int, 512>{});
-  }
-  return call(std::integral_constant<int, 32>{});
+  return make_call(colsum_kernel<S, FINAL>(cols), dim3(ceil_div(n, cols), slices),
+                   dim3(cols, 1024 / cols), 0, name);
 }
 
 KernelCall final_colsum(int n) { return colsum_call<float, true>(n, 1, "colsum_f32"); }

@@ -2,6 +2,8 @@
 // give the same bits on every run.
 #pragma once
 
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace rmsnorm {
@@ -78,6 +80,22 @@ __global__ void __launch_bounds__(1024) colsum(const BwdArgs a) {
       }
     }
   }
+}
+
+// The host stub of colsum<S, FINAL, COLS, PART> for COLS =
+// plans::colsum_cols(n, FINAL) (8, 32; FINAL only: 128, 512), the planners'
+// and the standalone tools' one choice of block.
+template <typename S, bool FINAL, int PART = 0>
+const void* colsum_kernel(int cols) {
+  auto stub = [](auto c) {
+    return reinterpret_cast<const void*>(&colsum<S, FINAL, decltype(c)::value, PART>);
+  };
+  if (cols == 8) return stub(std::integral_constant<int, 8>{});
+  if constexpr (FINAL) {
+    if (cols == 128) return stub(std::integral_constant<int, 128>{});
+    if (cols == 512) return stub(std::integral_constant<int, 512>{});
+  }
+  return stub(std::integral_constant<int, 32>{});
 }
 
 }  // namespace rmsnorm

@@ -67,22 +67,9 @@ bool weights_as_x(const FwdArgs& a) {
 // pass), blocks as in backward.cu.
 template <int PART>
 KernelCall column_sum(int n, const char* name) {
-  auto call = [&](auto cols) {
-    constexpr int kCols = decltype(cols)::value;
-    return make_call(reinterpret_cast<const void*>(&colsum<float, true, kCols, PART>),
-                     dim3(ceil_div(n, kCols)),
-                     dim3(kCols, 1024 / kCols), 0, name);
-  };
-  switch (plans::colsum_cols(n, true)) {
-    case 8:
-      return call(std::integral_constant<int, 8>{});
-    case 32:
-      return call(std::integral_constant<int, 32>{});
-    case 128:
-      return call(std::integral_constant<int, 128>{});
-    default:
-      return call(std::integral_constant<int, 512>{});
-  }
+  const int cols = plans::colsum_cols(n, true);
+  return make_call(colsum_kernel<float, true, PART>(cols), dim3(ceil_div(n, cols)),
+                   dim3(cols, 1024 / cols), 0, name);
 }
 
 // The persistent kernel, its dynamic shared memory and the units (blocks,

@@ -235,16 +235,10 @@ Plan bwd_chain(const void* fn, const RowPlan& p, bool w_shared, int64_t m, int n
                                   unsigned(smem), "layer_bwd_persistent", p.cluster});
   plan.partial_rows = int(grid);
   const int cols = rmsnorm::plans::colsum_cols(n, true);
-  auto colsum = [&](auto part) -> const void* {
-    constexpr int P = decltype(part)::value;
-    return cols == 8    ? reinterpret_cast<const void*>(&rmsnorm::colsum<float, true, 8, P>)
-           : cols == 32  ? reinterpret_cast<const void*>(&rmsnorm::colsum<float, true, 32, P>)
-           : cols == 128 ? reinterpret_cast<const void*>(&rmsnorm::colsum<float, true, 128, P>)
-                         : reinterpret_cast<const void*>(&rmsnorm::colsum<float, true, 512, P>);
-  };
   const dim3 blocks((n + cols - 1) / cols), threads(cols, 1024 / cols);
-  plan.calls.push_back(KernelCall{colsum(std::integral_constant<int, rmsnorm::kBothParts>{}),
-                                  nullptr, blocks, threads, 0, "colsum_gw_gb"});
+  plan.calls.push_back(
+      KernelCall{rmsnorm::colsum_kernel<float, true, rmsnorm::kBothParts>(cols), nullptr, blocks,
+                 threads, 0, "colsum_gw_gb"});
   return plan;
 }
 
