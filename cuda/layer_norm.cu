@@ -44,14 +44,15 @@ std::pair<const plans::RowPlan*, const void*> forward_row(int n, bool add, bool 
   const int add_long = add && clusters ? plans::add_long_row(n / full) : -1;
   const plans::RowPlan& cfg =
       add_long >= 0 ? plans::kForwardAddLong[add_long] : kLayerForward[row];
-  const void* fn =
-      add_long >= 0 ? (w_as_x ? add_long_kernel<X, O, AddLayerRow, true>(add_long)
-                              : add_long_kernel<X, O, AddLayerRow, false>(add_long))
-      : add         ? (w_as_x ? forward_kernel<X, O, AddLayerRow, true>(row)
-                              : forward_kernel<X, O, AddLayerRow, false>(row))
-                    : (w_as_x ? forward_kernel<X, O, LayerRow, true>(row)
-                              : forward_kernel<X, O, LayerRow, false>(row));
-  if (cfg.cluster > 1 && (!clusters || detail::clusters_resident(fn, cfg.block, 0) == 0))
+  auto kernel = [&](auto as_x) {
+    constexpr bool W_AS_X = decltype(as_x)::value;
+    return add_long >= 0 ? add_long_kernel<X, O, AddLayerRow, W_AS_X>(add_long)
+           : add         ? forward_kernel<X, O, AddLayerRow, W_AS_X>(row)
+                         : forward_kernel<X, O, LayerRow, W_AS_X>(row);
+  };
+  const void* fn = w_as_x ? kernel(std::true_type{}) : kernel(std::false_type{});
+  if (fn == nullptr ||
+      (cfg.cluster > 1 && (!clusters || detail::clusters_resident(fn, cfg.block, 0) == 0)))
     return {nullptr, nullptr};
   return {&cfg, fn};
 }
