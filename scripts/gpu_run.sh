@@ -322,28 +322,33 @@ ncu_sections() {
     --launch-count "$count" "$@" 2>&1 | grep -v "^==PROF==" | grep -vi "^  *-\+ *$"
 }
 
+# ncu_long_rows DIRECTION KERNEL-REGEX CASES...: each case m:n:op through MLX
+# (lab.profile_case, three calls), every matching kernel's Nsight Compute
+# time and DRAM bytes, into $OUT/ncu-DIRECTION.txt
+ncu_long_rows() {
+  ensure_built || return 1
+  local dir=$1 kernels=$2 case m n op
+  shift 2
+  for case in "$@"; do
+    IFS=: read -r m n op <<<"$case"
+    echo "##### $dir ours ${m}x$n $op"
+    ncu_sections 60 "--metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum" \
+      "$kernels" 0 6 python3 -m lab.profile_case "$dir" ours "$m" "$n" "$op"
+  done 2>&1 | tee "$OUT/ncu-$dir.txt"
+}
+
 #: the forwards of the fused adds and LayerNorm at long rows, kernel by kernel (Nsight Compute time and DRAM bytes; NCU_FWD_CASES m:n:op)
 run_ncu_fwd() {
-  ensure_built || return 1
-  local case m n op
-  for case in ${NCU_FWD_CASES:-4096:24576:add_layer 4096:24576:layer 512:262144:add_layer 512:262144:layer 512:262144:add_rms}; do
-    IFS=: read -r m n op <<<"$case"
-    echo "##### fwd ours ${m}x$n $op"
-    ncu_sections 60 "--metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum" \
-      "add_rows|fwd_rows|fwd_looped" 0 6 python3 -m lab.profile_case fwd ours "$m" "$n" "$op"
-  done 2>&1 | tee "$OUT/ncu-fwd.txt"
+  # shellcheck disable=SC2086
+  ncu_long_rows fwd "fwd_rows|fwd_looped" \
+    ${NCU_FWD_CASES:-4096:24576:add_layer 4096:24576:layer 512:262144:add_layer 512:262144:layer 512:262144:add_rms}
 }
 
 #: the backwards at long rows through MLX, kernel by kernel (Nsight Compute time and DRAM bytes; NCU_BWD_CASES m:n:op)
 run_ncu_bwd() {
-  ensure_built || return 1
-  local case m n op
-  for case in ${NCU_BWD_CASES:-4096:32768:layer 2048:65536:layer 512:262144:layer 4096:32768:rms 2048:65536:rms 512:262144:rms}; do
-    IFS=: read -r m n op <<<"$case"
-    echo "##### bwd ours ${m}x$n $op"
-    ncu_sections 60 "--metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum" \
-      "bwd_|colsum" 0 6 python3 -m lab.profile_case bwd ours "$m" "$n" "$op"
-  done 2>&1 | tee "$OUT/ncu-bwd.txt"
+  # shellcheck disable=SC2086
+  ncu_long_rows bwd "bwd_|colsum" \
+    ${NCU_BWD_CASES:-4096:32768:layer 2048:65536:layer 512:262144:layer 4096:32768:rms 2048:65536:rms 512:262144:rms}
 }
 
 #: Nsight Compute sections of the persistent backward (standalone) and of both forwards through MLX (PROFILE_MLX_ONLY)
