@@ -265,8 +265,12 @@ run_bench_table() { bench bench-table.log 120 --sections table --repeats 5; }
 run_bench_fused() { bench bench-fused.log 120 --fused --repeats 5; }
 #: the LayerNorm sections
 run_bench_ln() { bench bench-ln.log 150 --sections ln_training,ln_table --repeats 5; }
+#: the LayerNorm sections with chained calls (bench --chain)
+run_bench_ln_chain() { bench bench-ln-chain.log 150 --sections ln_training,ln_table --repeats 5 --chain; }
 #: long rows (N 16384-262144): every op and direction against the copy ceiling and the built-in, QuACK's figures beside
 run_bench_large_n() { bench large-n.log 150 --large-n --repeats 7; }
+#: the same with each call of an eval taking the previous call's output (no overlap of calls, as in a model)
+run_bench_large_n_chain() { bench large-n-chain.log 150 --large-n --repeats 7 --chain; }
 
 # the RMSNorm kernels' GPU tests, which the fused add and LayerNorm share code with
 rms_gpu_tests() {

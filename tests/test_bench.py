@@ -255,6 +255,29 @@ def test_repeats_are_interleaved_round_robin():
         assert len(s["many"]) == len(s["build"]) == 3 and len(s["single"]) == 3
 
 
+def test_chained_calls_take_the_previous_output_as_x():
+    """--chain: call i + 1's x is call i's output of x's shape and dtype (here
+    the second of two), g rotates over the sets as without the chain; an
+    unchained eval hands every call its set's own x."""
+    seen = []
+
+    def fn(x, g):
+        seen.append((x, g))
+        return [mx.zeros((3,)), x + g]  # a gw-like output first, then "gx"
+
+    sets = [(mx.array([1.0, 2.0]), mx.array([10.0, 10.0])), (mx.array([5.0, 5.0]), mx.array([1.0, 1.0]))]
+    core.sample_many(fn, sets, calls=4, chain=True)
+    xs = [x.tolist() for x, _ in seen]
+    assert xs == [[1.0, 2.0], [11.0, 12.0], [12.0, 13.0], [22.0, 23.0]]
+    assert [g.tolist() for _, g in seen] == [s[1].tolist() for s in sets + sets]
+    seen.clear()
+    core.sample_many(fn, sets, calls=4)
+    assert [x.tolist() for x, _ in seen] == [s[0].tolist() for s in sets + sets]
+    with pytest.raises(ValueError, match="chained figure"):
+        core.sample_many(lambda x, g: x.sum(), sets, calls=2, chain=True)
+    assert core.per_eval(20, True) == "20 chained calls per eval"
+
+
 def test_stats_of_known_values():
     st = core.stats([5.0, 1.0, 3.0, 2.0, 4.0])
     assert (st["med"], st["min"], st["max"], st["q1"], st["q3"]) == (3.0, 1.0, 5.0, 2.0, 4.0)

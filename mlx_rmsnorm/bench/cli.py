@@ -9,7 +9,7 @@ import time
 
 import mlx.core as mx
 
-from .core import DIRECTION_TITLE, Progress, device_name, run_case
+from .core import DIRECTION_TITLE, Progress, device_name, per_eval, run_case
 from .output import plot, print_direction_table, print_impl_table, write_outputs
 from .registry import SECTION_SPECS, SECTIONS, cases
 
@@ -116,6 +116,9 @@ def parser():
                    "these shapes instead of each section's own")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--calls", type=int, default=20, help="calls per eval (kernel timing)")
+    p.add_argument("--chain", action="store_true",
+                   help="each call of an eval takes the previous call's output as its x, as a "
+                        "model's layers do (no two calls side by side in MLX's graph)")
     p.add_argument("--repeats", type=int, default=7, help="interleaved repeats per figure")
     p.add_argument("--singles", type=int, default=3, help="one-call evals per figure and repeat")
     p.add_argument("--out", default="bench-results", help="folder for CSV, JSON, PNG")
@@ -155,8 +158,8 @@ def main(argv=None):
         from . import fused
 
         args.quick = quick
-        print(f"device: {device_name(device)}, dtype: {args.dtype}, section: fused, {args.calls} "
-              f"calls per eval, {args.repeats} interleaved repeats (+1 warm-up)")
+        print(f"device: {device_name(device)}, dtype: {args.dtype}, section: fused, "
+              f"{per_eval(args.calls, args.chain)}, {args.repeats} interleaved repeats (+1 warm-up)")
         return fused.run(args, device, dtype, shapes)
     run = cases(sections, quick, shapes)
     if device == mx.cpu and quick and not args.quick:
@@ -165,7 +168,7 @@ def main(argv=None):
               "The GPU figures are in docs/performance.md.")
     name = device_name(device)
     print(f"device: {name}, dtype: {args.dtype}, sections: {','.join(sections)}, "
-          f"{len(run)} cases, {args.calls} calls per eval, {args.repeats} interleaved repeats "
+          f"{len(run)} cases, {per_eval(args.calls, args.chain)}, {args.repeats} interleaved repeats "
           f"(+1 warm-up), {args.singles} one-call evals per repeat", flush=True)
     t_start = time.perf_counter()
     rows = []
@@ -174,7 +177,7 @@ def main(argv=None):
         for i, (kind, shape) in enumerate(run):
             progress.case(i, kind, "x".join(map(str, shape)))
             rows += run_case(kind, SECTION_SPECS[kind], shape, dtype, args.calls, args.repeats,
-                             args.singles, device, on_round=progress.round_done)
+                             args.singles, device, on_round=progress.round_done, chain=args.chain)
     finally:
         progress.close()
     elapsed = time.perf_counter() - t_start
@@ -183,7 +186,7 @@ def main(argv=None):
     suffix = "" if sections == SECTIONS else "_" + "-".join(sections)
     base = os.path.join(args.out, f"bench_{args.dtype}{suffix}")
     write_outputs(rows, base, dict(device=name, dtype=args.dtype, sections=sections,
-                                   calls=args.calls, repeats=args.repeats, quick=quick,
+                                   calls=args.calls, chain=args.chain, repeats=args.repeats, quick=quick,
                                    seconds=elapsed))
     ops = list(dict.fromkeys(SECTION_SPECS[s].op for s in sections))
     what = ops[0] if len(ops) == 1 else "RMSNorm"
@@ -195,7 +198,7 @@ def main(argv=None):
         if kind not in sections:
             continue
         if spec.layout == "impl":
-            print(f"\n{spec.title or kind}: us per call, {args.calls} calls per eval, median [min-max] "
+            print(f"\n{spec.title or kind}: us per call, {per_eval(args.calls, args.chain)}, median [min-max] "
                   f"of {args.repeats} interleaved repeats")
             print_impl_table(rows, kind)
         else:

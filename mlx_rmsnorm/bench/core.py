@@ -6,7 +6,11 @@ interleaved (each round times every contender once, round-robin, the starting
 contender rotating), after one discarded warm-up round. Two ways: `calls`
 independent calls in one mx.eval (kernel time: MLX's per-eval cost amortised;
 inputs rotate over buffers totalling more than 64 MiB so the L2 does not
-serve them) and one call per mx.eval (the latency of a lone call). Graph
+serve them) and one call per mx.eval (the latency of a lone call). With
+`chain` each of the `calls` takes the previous call's output (y, gx) as its
+x, as a model's layers do: MLX cannot run two calls of a figure side by
+side, which independent calls let it do (at long rows LayerNorm's backward
+overlaps its neighbours there). Graph
 building is timed apart and left out of both, except in a section whose
 figure counts it (decode: tiny tensors, where building the graph is the cost).
 
@@ -153,10 +157,30 @@ def inputs(shape, dtype, n_sets):
     return sets, w
 
 
-def sample_many(fn, sets, calls):
-    """(build, eval) seconds per call with `calls` calls in one mx.eval."""
+def per_eval(calls, chain):
+    """How a figure's calls were timed, for the tables' headers."""
+    return f"{calls} {'chained ' if chain else ''}calls per eval"
+
+
+def chained(out, x):
+    """The output of a call that the next call of a chain takes as its x: the
+    first of x's shape and dtype (y, h's partner y, gx, the ceiling's)."""
+    for a in out if isinstance(out, (list, tuple)) else [out]:
+        if isinstance(a, mx.array) and a.shape == x.shape and a.dtype == x.dtype:
+            return a
+    raise ValueError(f"a chained figure must return an array of x's shape {x.shape} and dtype {x.dtype}")
+
+
+def sample_many(fn, sets, calls, chain=False):
+    """(build, eval) seconds per call with `calls` calls in one mx.eval;
+    `chain`: each call's x is the previous call's output (chained)."""
     t0 = time.perf_counter()
-    outs = [fn(*sets[i % len(sets)]) for i in range(calls)]
+    outs = []
+    for i in range(calls):
+        args = sets[i % len(sets)]
+        if chain and outs:
+            args = (chained(outs[-1], args[0]), *args[1:])
+        outs.append(fn(*args))
     t1 = time.perf_counter()
     mx.eval(outs)
     t2 = time.perf_counter()
@@ -171,7 +195,7 @@ def sample_single(fn, sets, i):
     return time.perf_counter() - t0
 
 
-def time_interleaved(figures, sets, calls, repeats, singles, on_round=None):
+def time_interleaved(figures, sets, calls, repeats, singles, on_round=None, chain=False):
     """Samples for every figure: {index: dict(build=[], many=[], single=[])}.
     Round 0 is a warm-up (plans, kernel handles, MLX's graph cache, our pool's
     cache) and is dropped; each later round times every figure once, in an
@@ -183,7 +207,7 @@ def time_interleaved(figures, sets, calls, repeats, singles, on_round=None):
         order = [(r + j) % k for j in range(k)]
         round_ = {i: dict(build=[], many=[], single=[]) for i in range(k)}
         for i in order:
-            b, e = sample_many(figures[i], sets, calls)
+            b, e = sample_many(figures[i], sets, calls, chain)
             round_[i]["build"].append(b)
             round_[i]["many"].append(e)
         for s in range(singles):
@@ -208,10 +232,10 @@ def stats(values):
     return dict(med=statistics.median(v), min=v[0], max=v[-1], q1=q1, q3=q3)
 
 
-def run_case(kind, spec, shape, dtype, calls, repeats, singles, device, on_round=None):
+def run_case(kind, spec, shape, dtype, calls, repeats, singles, device, on_round=None, chain=False):
     """The rows of one shape of section `kind` (its Section `spec`): every
     contender's figures against the ceiling and the built-in of its
-    direction."""
+    direction; `chain`: the calls of an eval chained (sample_many)."""
     size = dtype.size
     numel = 1
     for d in shape:
@@ -228,7 +252,7 @@ def run_case(kind, spec, shape, dtype, calls, repeats, singles, device, on_round
     with mx.stream(device):
         sets, w = inputs(shape, dtype, n_sets)
         figs = spec.contenders(w, device == mx.gpu)
-        samples = time_interleaved([f for _, _, f in figs], sets, calls, repeats, singles, on_round)
+        samples = time_interleaved([f for _, _, f in figs], sets, calls, repeats, singles, on_round, chain)
     del sets, w
     mx.clear_cache()
     trim()
@@ -259,7 +283,7 @@ def run_case(kind, spec, shape, dtype, calls, repeats, singles, device, on_round
         pct = [100 * c / u for c, u in zip(ceil_us, us)]
         row = dict(kind=kind, direction=direction, impl=impl, shape=label, M=m, N=n,
                    dtype=str(dtype).split(".")[-1], bytes=bytes_of[direction],
-                   calls=calls, repeats=len(us), timing=timing,
+                   calls=calls, chain=chain, repeats=len(us), timing=timing,
                    us=st["med"], us_min=st["min"], us_max=st["max"],
                    us_q1=st["q1"], us_q3=st["q3"],
                    us_build=1e6 * statistics.median(s["build"]),

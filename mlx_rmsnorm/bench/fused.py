@@ -10,8 +10,8 @@ import statistics
 import mlx.core as mx
 
 from .. import add_layer_norm, add_layer_norm_vjp, add_rms_norm, add_rms_norm_vjp, layer_norm, rms_norm
-from .core import (EPS, L2_BYTES, MAX_SETS, builtin_layer_norm, builtin_rms_norm, device_name, stats,
-                   time_interleaved, trim)
+from .core import (EPS, L2_BYTES, MAX_SETS, builtin_layer_norm, builtin_rms_norm, device_name, per_eval,
+                   stats, time_interleaved, trim)
 from .output import run_own_section, spread
 
 # Tokens per step x hidden sizes of the models whose blocks patch(fuse=True)
@@ -92,7 +92,7 @@ def fused_inputs(shape, dtype, n_sets):
     return sets, w
 
 
-def run_fused_case(shape, dtype, calls, repeats, singles, device, op="RMSNorm"):
+def run_fused_case(shape, dtype, calls, repeats, singles, device, op="RMSNorm", chain=False):
     """Rows for one shape. The ceiling of each direction is the copy kernel's
     rate (x + g: 2 reads, 1 write) applied to that direction's bytes (4
     tensors): the time the fused traffic takes at the copy rate."""
@@ -102,7 +102,7 @@ def run_fused_case(shape, dtype, calls, repeats, singles, device, op="RMSNorm"):
     with mx.stream(device):
         sets, w = fused_inputs(shape, dtype, n_sets)
         figs = fused_contenders(w, op)
-        samples = time_interleaved([f for _, _, f in figs], sets, calls, repeats, singles)
+        samples = time_interleaved([f for _, _, f in figs], sets, calls, repeats, singles, chain=chain)
     del sets, w
     mx.clear_cache()
     trim()
@@ -119,7 +119,7 @@ def run_fused_case(shape, dtype, calls, repeats, singles, device, op="RMSNorm"):
         rows.append(dict(
             kind="fused", op=op, direction=direction, impl=impl, shape=f"{m}x{n}", M=m, N=n,
             dtype=str(dtype).split(".")[-1], bytes=FUSED_TENSORS[direction] * tensor,
-            calls=calls, repeats=len(us), us=st["med"], us_min=st["min"], us_max=st["max"],
+            calls=calls, chain=chain, repeats=len(us), us=st["med"], us_min=st["min"], us_max=st["max"],
             us_single=statistics.median([1e6 * t for t in samples[i]["single"]]),
             gbs=FUSED_TENSORS[direction] * tensor / st["med"] / 1e3,
             ceiling_us=statistics.median(ceil),
@@ -138,7 +138,7 @@ def print_fused_tables(rows, device=None):
         sel = [r for r in rows if r["direction"] == direction and r.get("op", "RMSNorm") == op]
         if not sel:
             continue
-        print(f"\nfused add + {op}, {title}: us per call, {sel[0]['calls']} calls per eval, "
+        print(f"\nfused add + {op}, {title}: us per call, {per_eval(sel[0]['calls'], sel[0]['chain'])}, "
               f"median of {sel[0]['repeats']} interleaved repeats; x = {FUSED_BASELINE} / impl; "
               f"fused x ours = {FUSED_IMPLS[2]} / fused; "
               f"ceiling = the copy kernel's rate on these 4 tensors")
@@ -202,7 +202,7 @@ def run(args, device, dtype, shapes):
     rows, base, elapsed = run_own_section(
         "fused", [(f"{op} {'x'.join(map(str, shape))}",
                    lambda op=op, shape=shape: run_fused_case(tuple(shape[-2:]), dtype, args.calls, args.repeats,
-                                                             args.singles, device, op))
+                                                             args.singles, device, op, args.chain))
                   for op, shape in run_list], args, device)
     print_fused_tables(rows, device)
     gemma_accuracy(device)

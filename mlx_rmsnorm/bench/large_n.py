@@ -26,7 +26,7 @@ import statistics
 import mlx.core as mx
 
 from .. import add_layer_norm_vjp, add_rms_norm, add_rms_norm_vjp, add_layer_norm, layer_norm, rms_norm
-from .core import EPS, L2_BYTES, MAX_SETS, device_name, inputs, stats, time_interleaved, trim
+from .core import EPS, L2_BYTES, MAX_SETS, device_name, inputs, per_eval, stats, time_interleaved, trim
 from .output import run_own_section, spread
 
 # The shapes of the large-N table (x is 268 MB in bf16 at every one but
@@ -117,7 +117,7 @@ def builtins(w):
     return figs
 
 
-def run_case(shape, dtype, calls, repeats, singles, device):
+def run_case(shape, dtype, calls, repeats, singles, device, chain=False):
     """Rows of one shape: every op and direction against the ceiling."""
     m, n = shape
     tensor = m * n * dtype.size
@@ -127,7 +127,7 @@ def run_case(shape, dtype, calls, repeats, singles, device):
         figs = contenders(w)
         theirs = {(op, d): f for op, d, f in builtins(w)}
         base = [theirs[op, d] for op, d, _ in figs[2:]]  # the built-in of each of ours
-        samples = time_interleaved([f for _, _, f in figs] + base, sets, calls, repeats, singles)
+        samples = time_interleaved([f for _, _, f in figs] + base, sets, calls, repeats, singles, chain=chain)
     del sets, w
     mx.clear_cache()
     trim()
@@ -144,7 +144,7 @@ def run_case(shape, dtype, calls, repeats, singles, device):
         speedup = [t / u for t, u in zip(theirs_us, us[i])]  # per round
         rows.append(dict(
             kind="large_n", op=op, direction=direction, impl="ours", shape=f"{m}x{n}", M=m, N=n,
-            dtype=str(dtype).split(".")[-1], bytes=moved, calls=calls, repeats=len(us[i]),
+            dtype=str(dtype).split(".")[-1], bytes=moved, calls=calls, chain=chain, repeats=len(us[i]),
             us=st["med"], us_min=st["min"], us_max=st["max"],
             us_single=statistics.median([1e6 * t for t in samples[i]["single"]]),
             gbs=moved / st["med"] / 1e3, ceiling_us=statistics.median(ceil),
@@ -177,15 +177,16 @@ def run(args, device, dtype, shapes):
     """The section on its own (bench --large-n): one line per figure, CSV, JSON."""
     run_list = [tuple(s[-2:]) for s in shapes] if shapes else (QUICK if args.quick else SHAPES)
     print(f"device: {device_name(device)}, dtype: {args.dtype}, section: large-n, {len(run_list)} "
-          f"shapes x {len(OPS)} ops x 2 directions, {args.calls} calls per eval, "
+          f"shapes x {len(OPS)} ops x 2 directions, {per_eval(args.calls, args.chain)}, "
           f"{args.repeats} interleaved repeats (+1 warm-up)", flush=True)
     rows, base, elapsed = run_own_section(
         "large-n", [("x".join(map(str, shape)),
-                     lambda shape=shape: run_case(shape, dtype, args.calls, args.repeats, args.singles, device))
+                     lambda shape=shape: run_case(shape, dtype, args.calls, args.repeats, args.singles,
+                                                  device, args.chain))
                     for shape in run_list], args, device)
     print(f"\nlarge N: us per call, median [min-max] of {args.repeats} interleaved repeats of "
-          f"{args.calls} calls per eval; ceiling = the copy rate (faster of MLX's -x and x+g, same "
-          "rounds) on the bytes the op must move; NN% = ceiling / ours; built-in: mx.fast (after "
+          f"{per_eval(args.calls, args.chain)}; ceiling = the copy rate (faster of MLX's -x and "
+          "x+g, same rounds) on the bytes the op must move; NN% = ceiling / ours; built-in: mx.fast (after "
           "MLX's add for the add ops), x = built-in / ours; QuACK: measured with torch "
           "on an H200 (bf16), not in this run")
     on_h200 = "H200" in device_name(device)

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from .core import BUILTIN, CEILING, DIRECTION_TITLE, OUR_RMS_NORM, Progress, device_name
+from .core import BUILTIN, CEILING, DIRECTION_TITLE, OUR_RMS_NORM, Progress, device_name, per_eval
 
 
 def spread(med, lo, hi, fmt="{:.1f}"):
@@ -56,7 +56,8 @@ def run_own_section(name, cases, args, device):
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, f"bench_{args.dtype}_{name}")
     write_outputs(rows, base, dict(device=device_name(device), dtype=args.dtype, sections=[name],
-                                   calls=args.calls, repeats=args.repeats, quick=args.quick,
+                                   calls=args.calls, chain=args.chain, repeats=args.repeats,
+                                   quick=args.quick,
                                    seconds=elapsed))
     return rows, base, elapsed
 
@@ -87,7 +88,7 @@ def print_direction_table(rows, kind, direction, count_build=False):
     # LayerNorm's sections time our RMSNorm on the same tensors too
     rms = get(rows, kind, shapes[0], direction, OUR_RMS_NORM) is not None
     what = "us per call incl. graph building" if count_build else "us per call"
-    print(f"\n{kind}, {DIRECTION_TITLE[direction]}: {what}, {first['calls']} calls per eval, "
+    print(f"\n{kind}, {DIRECTION_TITLE[direction]}: {what}, {per_eval(first['calls'], first.get('chain'))}, "
           f"median [min-max] of {first['repeats']} interleaved repeats; "
           f"ratio = built-in / ours; ceiling = {CEILING[direction]}"
           + ("; / RMS = ours / our RMSNorm on the same tensors" if rms else ""))
