@@ -365,11 +365,17 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
 
 // The kernels: bwd_persistent; a row a cluster (rows past one SM's shared
 // memory, sm_90 on) bwd_persistent_cluster; with a register cap
-// bwd_persistent_capped.
+// bwd_persistent_capped. FAMILY: the plan family whose table holds the row
+// (RowPlan::family); on the other family's architectures the body is a trap,
+// since the planners never launch it there.
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK, typename Row = RmsRow>
+          bool BULK, typename Row = RmsRow, int FAMILY = 90>
 __global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
-  persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1>(a);
+  if constexpr (arch::builds_family(FAMILY)) {
+    persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1>(a);
+  } else {
+    __trap();
+  }
 }
 
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
@@ -387,9 +393,13 @@ __global__ void RMSNORM_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK)
 // a SM (LayerNorm rows whose two partials would otherwise cost a resident
 // block, plans.h).
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK, int MIN_BLOCKS, typename Row>
+          bool BULK, int MIN_BLOCKS, typename Row, int FAMILY = 90>
 __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) bwd_persistent_capped(const BwdArgs a) {
-  persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1>(a);
+  if constexpr (arch::builds_family(FAMILY)) {
+    persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1>(a);
+  } else {
+    __trap();
+  }
 }
 
 // The host stub of plan row Table[I] (plans.h) with policy Row.
@@ -397,18 +407,20 @@ template <typename X, typename G, typename Row, const auto& Table, std::size_t I
 const void* persistent_kernel_for() {
   constexpr int kBlock = Table[I].block, kGroup = Table[I].group, kChunks = Table[I].chunks,
                 kStages = Table[I].stages, kMinBlocks = Table[I].min_blocks,
-                kCluster = Table[I].cluster;
+                kCluster = Table[I].cluster, kFamily = Table[I].family;
   constexpr bool kBulk = Table[I].bulk;
   static_assert(kCluster == 1 || kMinBlocks == 0, "cluster rows take no register cap");
+  static_assert(kCluster == 1 || kFamily >= 90, "clusters from sm_90 on");
   if constexpr (kCluster > 1) {
     return reinterpret_cast<const void*>(
         &bwd_persistent_cluster<X, G, kBlock, kGroup, kChunks, kStages, kBulk, kCluster, Row>);
   } else if constexpr (kMinBlocks > 0) {
     return reinterpret_cast<const void*>(
-        &bwd_persistent_capped<X, G, kBlock, kGroup, kChunks, kStages, kBulk, kMinBlocks, Row>);
+        &bwd_persistent_capped<X, G, kBlock, kGroup, kChunks, kStages, kBulk, kMinBlocks, Row,
+                               kFamily>);
   } else {
     return reinterpret_cast<const void*>(
-        &bwd_persistent<X, G, kBlock, kGroup, kChunks, kStages, kBulk, Row>);
+        &bwd_persistent<X, G, kBlock, kGroup, kChunks, kStages, kBulk, Row, kFamily>);
   }
 }
 

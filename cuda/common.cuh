@@ -18,8 +18,9 @@ namespace rmsnorm {
 // What the architecture being compiled has: the one place where a kernel's
 // path depends on the GPU family (nvcc compiles device code once per
 // architecture, __CUDA_ARCH__ says which). Which *plans* run where is the
-// host's choice (plans.h); these flags only keep every kernel correct on
-// every family: a copy path a family lacks falls back to one it has.
+// host's choice (plans.h); these flags keep every kernel correct on every
+// family (a copy path a family lacks falls back to one it has), and
+// builds_family leaves out the code of plan rows this architecture never runs.
 namespace arch {
 #if defined(__CUDA_ARCH__)
 inline constexpr int kVersion = __CUDA_ARCH__ / 10;  // 75, 80, 86, 90, 100, 120
@@ -28,6 +29,13 @@ inline constexpr int kVersion = 0;  // host pass: no device code is generated
 #endif
 inline constexpr bool kAsyncCopy = kVersion >= 80;  // cp.async (16-byte, per thread)
 inline constexpr bool kBulkCopy = kVersion >= 90;   // cp.async.bulk + mbarrier tx counts
+// Whether this architecture's code serves plan family `family` (launch.cu
+// target(): 90 from sm_90 on; 80, whose tables serve sm_75 too, below it),
+// so builds the kernels of that family's plan rows (RowPlan::family). The
+// host pass keeps every kernel's stub.
+constexpr bool builds_family(int family) {
+  return kVersion == 0 || (kVersion >= 90) == (family >= 90);
+}
 }  // namespace arch
 
 // A kernel's compile-time cluster shape (clusters, like bulk copies, from

@@ -46,6 +46,10 @@ struct RowPlan {
                        // least (caps the grid, so the partial rows)
   int min_blocks = 0;  // blocks a SM the kernel's registers must allow
                        // (__launch_bounds__); 0: no cap
+  int family = 90;  // backward: the plan family whose table holds the row
+                    // (90, or 80 for the rows of families 80 and 75); its
+                    // kernel is built for that family's architectures only
+                    // (common.cuh arch::builds_family): nothing else runs it
 };
 
 // Field-named rows in C++17 (the kernels build as C++17, see
@@ -97,10 +101,12 @@ inline std::size_t persistent_smem(const RowPlan& p, int nvec, int g_per_x) {
   return std::size_t(p.stages) * (p.block / p.group) * slice * 16 * (1 + g_per_x);
 }
 
-// A row with per-thread copies instead of the bulk copy engine (families 80
-// and 75: no copy engine; on sm_75 the copies are plain loads and stores).
+// A row of families 80 and 75: per-thread copies instead of the bulk copy
+// engine (no copy engine there; on sm_75 the copies are plain loads and
+// stores), built for those architectures only (RowPlan::family).
 constexpr RowPlan per_thread_copies(RowPlan p) {
   p.bulk = false;
+  p.family = 80;
   return p;
 }
 
@@ -469,6 +475,21 @@ static_assert(without(kBackwardSm80, &RowPlan::cluster, 1) &&
                   without(kForwardOneWave, &RowPlan::cluster, 1),
               "clusters: the sm_90 backward tables, and the forward's, which the planners "
               "skip before sm_90");
+// Each backward table's kernels are built for its own family's architectures
+// (RowPlan::family): the rows of families 80 and 75 are per_thread_copies rows
+// (no bulk copies before sm_90), the sm_90 tables' rows are family 90's.
+static_assert(without(kBackwardSm80, &RowPlan::family, 80) &&
+                  without(kLayerBackwardSm80, &RowPlan::family, 80) &&
+                  without(kLayerBackwardWRegsSm80, &RowPlan::family, 80) &&
+                  without(kBackwardSm80, &RowPlan::bulk) &&
+                  without(kLayerBackwardSm80, &RowPlan::bulk) &&
+                  without(kLayerBackwardWRegsSm80, &RowPlan::bulk),
+              "families 80 and 75: per_thread_copies rows");
+static_assert(without(kBackwardSm90, &RowPlan::family, 90) &&
+                  without(kLayerBackwardSm90, &RowPlan::family, 90) &&
+                  without(kAddLayerBackwardSm90, &RowPlan::family, 90) &&
+                  without(kLayerBackwardWRegsSm90, &RowPlan::family, 90),
+              "the sm_90 backward tables: family 90's rows");
 // The fused add's rows take over where kForward's row past
 // kForwardAddLongPast begins, and end where the forward tables end.
 template <std::size_t K>
