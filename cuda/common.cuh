@@ -127,16 +127,21 @@ struct alignas(sizeof(T) * VEC < 16 ? sizeof(T) * VEC : 16) Vec {
   T v[VEC];
 };
 
-// The k-th element of v as fp32. bf16 widens from the 32-bit word that holds
-// it (a shift or a mask): __bfloat162float takes a 16-bit register, and
-// ptxas then keeps every element of a row held in registers unpacked in a
-// register of its own, nearly twice a packed row's registers.
+// The k-th element of v as fp32. 16-bit types widen from the 32-bit word
+// that holds the pair (bf16: a shift or a mask; fp16: the pair's low or high
+// half): __bfloat162float and __half2float take a 16-bit register, and ptxas
+// then keeps every element of a row held in registers unpacked in a register
+// of its own, nearly twice a packed row's registers.
 template <typename T, int VEC>
 __device__ __forceinline__ float element(const Vec<T, VEC>& v, int k) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     uint32_t word;
     memcpy(&word, &v.v[k & ~1], sizeof(word));
     return __uint_as_float(k % 2 == 0 ? word << 16 : word & 0xffff0000u);
+  } else if constexpr (std::is_same_v<T, __half> && VEC % 2 == 0) {
+    __half2 pair;
+    memcpy(&pair, &v.v[k & ~1], sizeof(pair));
+    return k % 2 == 0 ? __low2float(pair) : __high2float(pair);
   } else {
     return to_float(v.v[k]);
   }

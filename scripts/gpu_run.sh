@@ -402,6 +402,12 @@ run_profile_ln() {
     "$OUT/profile-ln.log" | head -200
 }
 
+#: the forward's read of w and b as x against its general read (w without b, fp32 w and b) at long rows (lab/weight_reads.py)
+run_weight_reads() {
+  ensure_built || return 1
+  timeout "$(cap 150)" python3 -m lab.weight_reads 2>&1 | tee "$OUT/weight-reads.txt"
+  return "${PIPESTATUS[0]}"
+}
 #: decode-step forwards under ncu (lab/decode_kernels.py)
 run_decode() {
   ensure_built || return 1

@@ -43,11 +43,33 @@ def test_gpu_run_refuses_an_unknown_step_first(tmp_path):
 
 
 @pytest.mark.parametrize("module", ["lab.sweep", "lab.host_cost", "lab.cuda_calls", "lab.memory_check",
-                                    "lab.sanitize_cases", "lab.decode_kernels", "lab.cpu_speed"])
+                                    "lab.sanitize_cases", "lab.decode_kernels", "lab.cpu_speed",
+                                    "lab.weight_reads"])
 def test_lab_command_lines_parse(module):
     out = _run(sys.executable, "-m", module, "--help")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("usage:")
+
+
+def test_weight_reads_counts_each_variants_bytes():
+    """lab.weight_reads on the CPU stream at a tiny shape: every op and way
+    of holding w and b has a row, and its bytes are x (and the residual) in,
+    y (and h) out, y in fp32 for the fp32 weights."""
+    import mlx.core as mx
+
+    import mlx_rmsnorm
+    from lab import weight_reads
+
+    prev = mlx_rmsnorm._ext._set_route_cpu(True)
+    try:
+        rows = weight_reads.run_shape((8, 256), calls=2, repeats=1, device=mx.cpu)
+    finally:
+        mlx_rmsnorm._ext._set_route_cpu(prev)
+    bf16 = 8 * 256 * 2
+    want = {("layer_norm", "w, b as x"): 2 * bf16, ("layer_norm", "w as x, no b"): 2 * bf16,
+            ("layer_norm", "w, b fp32"): 3 * bf16, ("add_layer_norm", "w, b as x"): 4 * bf16,
+            ("add_layer_norm", "w as x, no b"): 4 * bf16, ("add_layer_norm", "w, b fp32"): 5 * bf16}
+    assert {(op, name): nbytes for _, op, name, _, nbytes, *_ in rows} == want
 
 
 def test_cuda_calls_timeline_of_one_eval():
