@@ -11,7 +11,8 @@ names are normalized by dropping a trailing row-policy template argument
 so that an
 RMSNorm kernel before the refactor is compared with the same kernel after
 it. Instruction addresses are dropped; the kernel-parameter constant bank
-offsets stay (a field inserted before others would show up). --rename
+offsets stay (a field inserted before others would show up), and so do the
+encodings (control bits included); the padding between them is dropped. --rename
 compares demangled names (c++filt) with OLD replaced by NEW, for a type
 renamed on the way (--rename 'rmsnorm::WithResidualAdd<rmsnorm::RmsRow>=rmsnorm::AddRmsRow').
 """
@@ -50,7 +51,9 @@ def functions(path):
             continue
         if cur is None:
             continue
-        line = re.sub(r"/\*[0-9a-f]{4,}\*/", "", line).strip()
+        # addresses dropped, and the padding cuobjdump aligns the encodings
+        # with (it grows with the listing's widest address)
+        line = " ".join(re.sub(r"/\*[0-9a-f]{4,}\*/", "", line).split())
         if line:
             out[cur].append(line)
     return out
