@@ -21,16 +21,17 @@ import argparse
 import mlx.core as mx
 
 from mlx_rmsnorm import add_layer_norm, layer_norm
-from mlx_rmsnorm.bench.core import EPS, L2_BYTES, MAX_SETS, inputs, stats, time_interleaved, trim
+from mlx_rmsnorm.bench.core import (EPS, bias_like, copy_rates, inputs, rotating_sets, stats, time_interleaved,
+                                    trim)
 
 SHAPES = [(4096, 24576), (4096, 32768), (2048, 65536), (1024, 131072), (512, 262144)]
 
 
 def variants(w):
     """(name, w, b) as a checkpoint may hold them."""
-    b = (0.1 * (w - 1)).astype(w.dtype)
+    b = bias_like(w)
     w32, b32 = w.astype(mx.float32), b.astype(mx.float32)
-    mx.eval(b, w32, b32)
+    mx.eval(w32, b32)
     return [("w, b as x", w, b), ("w as x, no b", w, None), ("w, b fp32", w32, b32)]
 
 
@@ -53,7 +54,7 @@ def moved(out, x, add):
 def run_shape(shape, calls, repeats, device=mx.gpu):
     m, n = shape
     tensor = m * n * 2
-    n_sets = max(2, min(MAX_SETS, -(-L2_BYTES // (2 * tensor)) + 1))
+    n_sets = rotating_sets(2 * tensor)
     with mx.stream(device):
         sets, w = inputs(shape, mx.bfloat16, n_sets)
         figs = figures(w)
@@ -64,7 +65,7 @@ def run_shape(shape, calls, repeats, device=mx.gpu):
     mx.clear_cache()
     trim()
     us = [[1e6 * e for e in samples[i]["many"]] for i in range(len(figs))]
-    rate = [max(2 * tensor / a, 3 * tensor / c) for a, c in zip(us[0], us[1])]  # bytes / us
+    rate = copy_rates(tensor, us[0], us[1])
     rows = []
     for i, (op, name, _) in enumerate(figs[2:], start=2):
         st = stats(us[i])

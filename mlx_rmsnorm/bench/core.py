@@ -131,6 +131,14 @@ def vjp_gx(norm, w):
     return f
 
 
+def bias_like(w):
+    """A bias in w's dtype, as a checkpoint holds one (evaluated): the bias of
+    every LayerNorm figure."""
+    b = (0.1 * (w - 1)).astype(w.dtype)
+    mx.eval(b)
+    return b
+
+
 def fwd_figures(w):
     """The forward's ceiling, ours and the built-in."""
     return [("fwd", CEILING["fwd"], lambda x, g: -x),
@@ -139,6 +147,19 @@ def fwd_figures(w):
 
 
 # ------------------------------------------------------------------- timing
+
+def rotating_sets(set_bytes):
+    """How many input sets of `set_bytes` a figure rotates over: enough that
+    they total more than the L2 (at least 2, at most MAX_SETS)."""
+    return max(2, min(MAX_SETS, -(-L2_BYTES // set_bytes) + 1))
+
+
+def copy_rates(tensor, neg_us, add_us):
+    """The copy rate of each round, in bytes per us, from the ceilings' us on
+    tensors of `tensor` bytes: the faster of -x (two tensors) and x + g
+    (three)."""
+    return [max(2 * tensor / a, 3 * tensor / c) for a, c in zip(neg_us, add_us)]
+
 
 def inputs(shape, dtype, n_sets):
     """`n_sets` (x, g) pairs of `shape` and a weight, seeded by the shape."""
@@ -246,7 +267,7 @@ def run_case(kind, spec, shape, dtype, calls, repeats, singles, device, on_round
     if spec.count_build:  # tiny tensors: the L2 holds them anyway
         n_sets = 4
     else:
-        n_sets = max(2, min(MAX_SETS, -(-L2_BYTES // tensor) + 1))
+        n_sets = rotating_sets(tensor)
     bytes_of = {"fwd": 2 * tensor + n * size, "bwd": 3 * tensor + 2 * n * size,
                 "bwd_gx": 3 * tensor + n * size}
     with mx.stream(device):

@@ -10,7 +10,7 @@ import statistics
 import mlx.core as mx
 
 from .. import add_layer_norm, add_layer_norm_vjp, add_rms_norm, add_rms_norm_vjp, layer_norm, rms_norm
-from .core import (EPS, L2_BYTES, MAX_SETS, builtin_layer_norm, builtin_rms_norm, device_name, per_eval,
+from .core import (EPS, bias_like, builtin_layer_norm, builtin_rms_norm, device_name, per_eval, rotating_sets,
                    stats, time_interleaved, trim)
 from .output import run_own_section, spread
 
@@ -45,8 +45,7 @@ def fused_contenders(w, op="RMSNorm"):
     (the add's own backward is the identity). `op`: RMSNorm (a weight) or
     LayerNorm (a weight and a bias)."""
     if op == "LayerNorm":
-        b = (0.1 * (w - 1)).astype(w.dtype)  # a bias in w's dtype, as in a checkpoint
-        mx.eval(b)
+        b = bias_like(w)
         params = [w, b]
         fused_fwd = lambda x, r, c: add_layer_norm(x, r, w, b, EPS)  # noqa: E731
         fused_bwd = lambda h, gy, gh: add_layer_norm_vjp(h, w, b, gy, gh, EPS)  # noqa: E731
@@ -98,7 +97,7 @@ def run_fused_case(shape, dtype, calls, repeats, singles, device, op="RMSNorm", 
     tensors): the time the fused traffic takes at the copy rate."""
     m, n = shape
     tensor = m * n * dtype.size
-    n_sets = max(2, min(MAX_SETS, -(-L2_BYTES // (3 * tensor)) + 1))
+    n_sets = rotating_sets(3 * tensor)
     with mx.stream(device):
         sets, w = fused_inputs(shape, dtype, n_sets)
         figs = fused_contenders(w, op)

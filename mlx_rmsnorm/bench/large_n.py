@@ -26,7 +26,8 @@ import statistics
 import mlx.core as mx
 
 from .. import add_layer_norm_vjp, add_rms_norm, add_rms_norm_vjp, add_layer_norm, layer_norm, rms_norm
-from .core import EPS, L2_BYTES, MAX_SETS, device_name, inputs, per_eval, stats, time_interleaved, trim
+from .core import (EPS, bias_like, copy_rates, device_name, inputs, per_eval, rotating_sets, stats,
+                   time_interleaved, trim)
 from .output import run_own_section, spread
 
 # The shapes of the large-N table (x is 268 MB in bf16 at every one but
@@ -60,17 +61,10 @@ def quack_us(shape, op, direction):
     return None if figures is None or column is None else figures[column]
 
 
-def _bias(w):
-    """A bias in w's dtype, as in a checkpoint."""
-    b = (0.1 * (w - 1)).astype(w.dtype)
-    mx.eval(b)
-    return b
-
-
 def contenders(w):
     """[(op, direction, fn(x, g))] for one shape; x and g double as the
     residual and the second cotangent of the add ops."""
-    b = _bias(w)
+    b = bias_like(w)
 
     def grad_of(norm, params):
         def f(x, g):
@@ -96,7 +90,7 @@ def builtins(w):
     inputs of ``contenders``: mx.fast's norm (after MLX's add for the add
     ops, returning (y, h)), its backward through mx.vjp (for the add ops the
     norm's gx plus g_h = x, the gradient mx.grad gives h = x + r)."""
-    norms = {"rms_norm": (mx.fast.rms_norm, [w]), "layer_norm": (mx.fast.layer_norm, [w, _bias(w)])}
+    norms = {"rms_norm": (mx.fast.rms_norm, [w]), "layer_norm": (mx.fast.layer_norm, [w, bias_like(w)])}
 
     def fwd(norm, params, add):
         if add:
@@ -121,7 +115,7 @@ def run_case(shape, dtype, calls, repeats, singles, device, chain=False):
     """Rows of one shape: every op and direction against the ceiling."""
     m, n = shape
     tensor = m * n * dtype.size
-    n_sets = max(2, min(MAX_SETS, -(-L2_BYTES // (2 * tensor)) + 1))
+    n_sets = rotating_sets(2 * tensor)
     with mx.stream(device):
         sets, w = inputs(shape, dtype, n_sets)
         figs = contenders(w)
@@ -133,7 +127,7 @@ def run_case(shape, dtype, calls, repeats, singles, device, chain=False):
     trim()
     us = [[1e6 * e for e in samples[i]["many"]] for i in range(len(figs) + len(base))]
     # The copy rate of each round (bytes per us): the faster of -x and x + g.
-    rate = [max(2 * tensor / a, 3 * tensor / c) for a, c in zip(us[0], us[1])]
+    rate = copy_rates(tensor, us[0], us[1])
     rows = []
     for i, (op, direction, _) in enumerate(figs[2:], start=2):
         moved = TENSORS[direction, op.startswith("add_")] * tensor
