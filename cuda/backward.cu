@@ -27,16 +27,7 @@ std::pair<const plans::RowPlan*, const void*> persistent_row(int family, int nve
                       : persistent_row_of<X, G, RmsRow, plans::kBackwardSm80>(nvec);
 }
 
-// A colsum launch over n columns and `slices` row slices (grid.y), with
-// blocks of plans::colsum_cols(n) columns.
-template <typename S, bool FINAL>
-KernelCall colsum_call(int n, int slices, const char* name) {
-  const int cols = plans::colsum_cols(n, FINAL);
-  return make_call(colsum_kernel<S, FINAL>(cols), dim3(ceil_div(n, cols), slices),
-                   dim3(cols, 1024 / cols), 0, name);
-}
-
-KernelCall final_colsum(int n) { return colsum_call<float, true>(n, 1, "colsum_f32"); }
+KernelCall final_colsum(int n) { return colsum_call<float, true>(n, "colsum_f32"); }
 
 // Persistent plan; false when the row does not fit (then Split is used).
 template <typename X, typename G>
@@ -124,7 +115,7 @@ void plan_naive(const BwdArgs& a, Plan& p) {
   p.partial_rows = splits;
   p.scratch_bytes =
       p.partials_offset + detail::align_up(sizeof(float) * splits * a.n);
-  p.calls.push_back(colsum_call<X, false>(a.n, splits, "colsum_rows"));
+  p.calls.push_back(colsum_call<X, false>(a.n, "colsum_rows", splits));
   p.calls.push_back(final_colsum(a.n));
 }
 

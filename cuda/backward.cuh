@@ -365,28 +365,30 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
 
 // The kernels: bwd_persistent; a row a cluster (rows past one SM's shared
 // memory, sm_90 on) bwd_persistent_cluster; with a register cap
-// bwd_persistent_capped. FAMILY: the plan family whose table holds the row
-// (RowPlan::family); on the other family's architectures the body is a trap,
-// since the planners never launch it there.
-template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool BULK, typename Row = RmsRow, int FAMILY = 90>
-__global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
+// bwd_persistent_capped. Each runs the walk of a row of family FAMILY's table
+// (RowPlan::family; clusters are family 90's): on the other family's
+// architectures its body is a trap, since the planners never launch it there.
+template <int FAMILY, typename Row, typename X, typename G, int BLOCK, int GROUP, int CHUNKS,
+          int STAGES, bool BULK, int CLUSTER>
+__device__ __forceinline__ void walk_of_family(const BwdArgs& a) {
   if constexpr (arch::builds_family(FAMILY)) {
-    persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1>(a);
+    persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER>(a);
   } else {
     __trap();
   }
 }
 
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
+          bool BULK, typename Row = RmsRow, int FAMILY = 90>
+__global__ void __launch_bounds__(BLOCK) bwd_persistent(const BwdArgs a) {
+  walk_of_family<FAMILY, Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1>(a);
+}
+
+template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool BULK, int CLUSTER, typename Row = RmsRow>
 __global__ void RMSNORM_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK)
     bwd_persistent_cluster(const BwdArgs a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  __trap();  // no clusters before sm_90: the planners never launch it there
-#else
-  persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER>(a);
-#endif
+  walk_of_family<90, Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, CLUSTER>(a);
 }
 
 // The walk with a register cap: at least MIN_BLOCKS blocks of BLOCK threads
@@ -395,11 +397,7 @@ __global__ void RMSNORM_CLUSTER_DIMS(CLUSTER) __launch_bounds__(BLOCK)
 template <typename X, typename G, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool BULK, int MIN_BLOCKS, typename Row, int FAMILY = 90>
 __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) bwd_persistent_capped(const BwdArgs a) {
-  if constexpr (arch::builds_family(FAMILY)) {
-    persistent_walk<Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1>(a);
-  } else {
-    __trap();
-  }
+  walk_of_family<FAMILY, Row, X, G, BLOCK, GROUP, CHUNKS, STAGES, BULK, 1>(a);
 }
 
 // The host stub of plan row Table[I] (plans.h) with policy Row.

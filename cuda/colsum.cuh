@@ -5,6 +5,8 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "dispatch.cuh"
+#include "plans.h"
 
 namespace rmsnorm {
 
@@ -83,8 +85,7 @@ __global__ void __launch_bounds__(1024) colsum(const BwdArgs a) {
 }
 
 // The host stub of colsum<S, FINAL, COLS, PART> for COLS =
-// plans::colsum_cols(n, FINAL) (8, 32; FINAL only: 128, 512), the planners'
-// and the standalone tools' one choice of block.
+// plans::colsum_cols(n, FINAL) (8, 32; FINAL only: 128, 512).
 template <typename S, bool FINAL, int PART = 0>
 const void* colsum_kernel(int cols) {
   auto stub = [](auto c) {
@@ -96,6 +97,28 @@ const void* colsum_kernel(int cols) {
     if (cols == 512) return stub(std::integral_constant<int, 512>{});
   }
   return stub(std::integral_constant<int, 32>{});
+}
+
+// The one launch of a column sum over n columns, for the planners and the
+// standalone tools alike: blocks of plans::colsum_cols(n, FINAL) columns by
+// 1024 / cols row lanes, across the columns and `slices` row slices down
+// (grid.y; the final sum takes 1).
+struct ColsumLaunch {
+  const void* fn;
+  dim3 grid, block;
+};
+template <typename S, bool FINAL, int PART = 0>
+ColsumLaunch colsum_launch(int n, int slices = 1) {
+  const int cols = plans::colsum_cols(n, FINAL);
+  return {colsum_kernel<S, FINAL, PART>(cols), dim3(detail::ceil_div(n, cols), slices),
+          dim3(cols, 1024 / cols)};
+}
+
+// Its call record for a plan (driver handle resolved: launch.cu).
+template <typename S, bool FINAL, int PART = 0>
+KernelCall colsum_call(int n, const char* name, int slices = 1) {
+  const ColsumLaunch l = colsum_launch<S, FINAL, PART>(n, slices);
+  return detail::make_call(l.fn, l.grid, l.block, 0, name);
 }
 
 }  // namespace rmsnorm

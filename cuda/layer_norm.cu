@@ -64,15 +64,6 @@ bool weights_as_x(const FwdArgs& a) {
          a.b_dtype == a.x_dtype && vector_width(a.x_dtype, a.n, {a.w, a.b}) != 1;
 }
 
-// Final column sum of partial PART (0 gw, 1 gb, kBothParts: both in one
-// pass), blocks as in backward.cu.
-template <int PART>
-KernelCall column_sum(int n, const char* name) {
-  const int cols = plans::colsum_cols(n, true);
-  return make_call(colsum_kernel<float, true, PART>(cols), dim3(ceil_div(n, cols)),
-                   dim3(cols, 1024 / cols), 0, name);
-}
-
 // The persistent kernel, its dynamic shared memory and the units (blocks,
 // or clusters of cfg->cluster blocks) the whole GPU holds; none when 0.
 struct BackwardChoice {
@@ -204,11 +195,11 @@ Plan plan_layer_backward(const BwdArgs& a) {
       p.scratch_bytes = detail::align_up(sizeof(float) * 2 * grid * a.n);
     }
     if (a.gw != nullptr && a.gb != nullptr) {
-      p.calls.push_back(column_sum<kBothParts>(a.n, "colsum_gw_gb"));
+      p.calls.push_back(colsum_call<float, true, kBothParts>(a.n, "colsum_gw_gb"));
     } else if (a.gw != nullptr) {
-      p.calls.push_back(column_sum<0>(a.n, "colsum_gw"));
+      p.calls.push_back(colsum_call<float, true, 0>(a.n, "colsum_gw"));
     } else if (a.gb != nullptr) {
-      p.calls.push_back(column_sum<1>(a.n, "colsum_gb"));
+      p.calls.push_back(colsum_call<float, true, 1>(a.n, "colsum_gb"));
     }
   });
   return p;

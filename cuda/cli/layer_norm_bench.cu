@@ -234,11 +234,8 @@ Plan bwd_chain(const void* fn, const RowPlan& p, bool w_shared, int64_t m, int n
   plan.calls.push_back(KernelCall{fn, nullptr, dim3(grid * p.cluster), dim3(p.block),
                                   unsigned(smem), "layer_bwd_persistent", p.cluster});
   plan.partial_rows = int(grid);
-  const int cols = rmsnorm::plans::colsum_cols(n, true);
-  const dim3 blocks((n + cols - 1) / cols), threads(cols, 1024 / cols);
-  plan.calls.push_back(
-      KernelCall{rmsnorm::colsum_kernel<float, true, rmsnorm::kBothParts>(cols), nullptr, blocks,
-                 threads, 0, "colsum_gw_gb"});
+  const auto sum = rmsnorm::colsum_launch<float, true, rmsnorm::kBothParts>(n);
+  plan.calls.push_back(KernelCall{sum.fn, nullptr, sum.grid, sum.block, 0, "colsum_gw_gb"});
   return plan;
 }
 

@@ -188,7 +188,9 @@ int main(int argc, char** argv) {
       const double us = cli::median_us(iters, run);
       CHECK(cudaMemset(gx, 0xff, count * 2));
       run();
-      rmsnorm::colsum<float, true, 32><<<dim3((n + 31) / 32, 1), dim3(32, 32)>>>(a);
+      const auto sum = rmsnorm::colsum_launch<float, true>(n);
+      void* params[] = {&a};
+      CHECK(cudaLaunchKernel(sum.fn, sum.grid, sum.block, params, 0, 0));
       CHECK(cudaDeviceSynchronize());
       auto hx = cli::to_host(gx, count);
       auto hw = cli::to_host(gw, n);

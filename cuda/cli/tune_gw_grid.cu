@@ -104,14 +104,10 @@ int main(int argc, char** argv) {
       a.x_dtype = a.w_dtype = a.g_dtype = rmsnorm::DType::BF16;
       a.partial_rows = int(grid);
       void* params[] = {&a};
-      const void* colsum = n < rmsnorm::plans::kColsumNarrowBelow
-                               ? reinterpret_cast<const void*>(&rmsnorm::colsum<float, true, 8>)
-                               : reinterpret_cast<const void*>(&rmsnorm::colsum<float, true, 32>);
-      const int cols = n < rmsnorm::plans::kColsumNarrowBelow ? 8 : 32;
+      const auto sum = rmsnorm::colsum_launch<float, true>(n);
       auto call = [&](cudaStream_t st) {
         CHECK(cudaLaunchKernel(s.row.fn, dim3(grid), dim3(p.block), params, smem, st));
-        CHECK(cudaLaunchKernel(colsum, dim3((n + cols - 1) / cols), dim3(cols, 1024 / cols),
-                               params, 0, st));
+        CHECK(cudaLaunchKernel(sum.fn, sum.grid, sum.block, params, 0, st));
       };
       const double us = cli::graph_median_us(stream, kCalls, graphs, call);
       CHECK(cudaMemsetAsync(gx, 0xff, count * 2, stream));  // poison, in stream order
