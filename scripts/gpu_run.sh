@@ -18,6 +18,11 @@
 # (usage, below, reads them from here), and a name that is no step is
 # refused before anything runs.
 #
+# PACK=FILE: when the steps end, OUT's logs (not the benchmark's plots and
+# data files) go into one .tar.gz at FILE; a device run that brings back only
+# a few files from its output folder sets OUT to a scratch folder and PACK
+# into its output folder.
+#
 # Separately: scripts/gpu_install_check.sh (pip install of the CUDA flavor),
 # scripts/gpu_distributed_check.sh (NCCL, 2 GPUs).
 set -uo pipefail
@@ -524,6 +529,10 @@ for s in "${STEPS[@]}"; do
   "run_${s//-/_}" || failed+=("$s")
 done
 echo
+if [ -n "${PACK:-}" ]; then
+  tar czf "$PACK" -C "$OUT" --exclude='*.png' --exclude='*.json' --exclude='*.csv' . \
+    && echo "logs of $OUT in $PACK" || failed+=("pack")
+fi
 if [ ${#failed[@]} -eq 0 ]; then
   echo "=== done in $((SECONDS - t0)) s: ${STEPS[*]}: all passed"
 else

@@ -42,6 +42,28 @@ def test_gpu_run_refuses_an_unknown_step_first(tmp_path):
     assert not (tmp_path / "out").exists()  # nothing ran, nothing written
 
 
+def test_gpu_run_packs_its_logs_without_plots_or_data(tmp_path):
+    """PACK=FILE: the logs under OUT, and only those, in one archive, also
+    when a step fails (here the standalone build, in a root with no cuda/)."""
+    import tarfile
+
+    root = tmp_path / "root"
+    (root / ".device").mkdir(parents=True)
+    (root / ".device" / "setup.sh").write_text("nvidia-smi() { echo fake GPU; }\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("tests.log", "bench/large-n.png", "bench/large-n.json", "bench/large-n.csv"):
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text("x")
+    pack = tmp_path / "logs.tgz"
+    run = subprocess.run(["bash", GPU_RUN, "cli"], capture_output=True, text=True, cwd=root, timeout=120,
+                         env=dict(os.environ, OUT=str(out), PACK=str(pack)))
+    assert run.returncode == 1 and "failed: cli" in run.stdout, run.stdout + run.stderr
+    with tarfile.open(pack) as tar:
+        names = sorted(n for n in tar.getnames() if not tar.getmember(n).isdir())
+    assert names == ["./tests.log"]
+
+
 @pytest.mark.parametrize("module", ["lab.sweep", "lab.host_cost", "lab.cuda_calls", "lab.memory_check",
                                     "lab.sanitize_cases", "lab.decode_kernels", "lab.cpu_speed",
                                     "lab.weight_reads"])
