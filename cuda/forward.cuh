@@ -39,7 +39,8 @@ namespace rmsnorm {
 // 128 x 2 (ncu 32768x1280: 50% theoretical occupancy, 43% of DRAM peak,
 // against 75% and 65%), 78 against 63 at 256 x 4 (docs/NOTES.md). With
 // W_AS_X: 55 and 64 (ptxas, sm_90, bf16); a branch for an absent b cost 13
-// of them back at 256 x 4, so a LayerNorm without bias keeps the general read.
+// of them back at 256 x 4, so a LayerNorm without bias reads w as x under its
+// own policy (WithoutBias, row_math.cuh: no b at all).
 //
 // CLUSTER > 1 (sm_90 on; rows past what one block holds in registers): a
 // row a step spans a thread-block cluster, each block holding a contiguous

@@ -32,11 +32,17 @@ const void* forward_kernel(int row) {
   return planned_fwd_kernel<X, O, Row, kLayerForward, false, W_AS_X>(row);
 }
 
-// The forward's plan row and kernel for rows of n (the general read of w and
-// b unless `w_as_x`), or nulls where LayerNorm has none: past the table, and
-// cluster rows where the GPU has no clusters or none fits.
+// How the forward reads w and b (fwd_rows_body's W_AS_X): widened to fp32 as
+// they arrive (general: any dtypes, either absent), or read as x-typed
+// vectors: both (w and b in x's dtype), or w alone for a LayerNorm without
+// bias (WithoutBias: no branch for b, whose registers such rows lost).
+enum class WeightRead { kGeneral, kAsX, kAsXNoBias };
+
+// The forward's plan row and kernel for rows of n, or nulls where LayerNorm
+// has none: past the table, and cluster rows where the GPU has no clusters or
+// none fits.
 template <typename X, typename O>
-std::pair<const plans::RowPlan*, const void*> forward_row(int n, bool add, bool w_as_x) {
+std::pair<const plans::RowPlan*, const void*> forward_row(int n, bool add, WeightRead read) {
   constexpr int full = 16 / sizeof(X);
   const int row = n % full == 0 ? plans::row_for(kLayerForward, n / full) : -1;
   if (row < 0) return {nullptr, nullptr};
@@ -44,24 +50,34 @@ std::pair<const plans::RowPlan*, const void*> forward_row(int n, bool add, bool 
   const int add_long = add && clusters ? plans::add_long_row(n / full) : -1;
   const plans::RowPlan& cfg =
       add_long >= 0 ? plans::kForwardAddLong[add_long] : kLayerForward[row];
-  auto kernel = [&](auto as_x) {
+  auto kernel = [&](auto as_x, auto layer_row) {
     constexpr bool W_AS_X = decltype(as_x)::value;
-    return add_long >= 0 ? add_long_kernel<X, O, AddLayerRow, W_AS_X>(add_long)
-           : add         ? forward_kernel<X, O, AddLayerRow, W_AS_X>(row)
-                         : forward_kernel<X, O, LayerRow, W_AS_X>(row);
+    using Row = decltype(layer_row);
+    using AddRow = WithResidualAdd<Row>;
+    return add_long >= 0 ? add_long_kernel<X, O, AddRow, W_AS_X>(add_long)
+           : add         ? forward_kernel<X, O, AddRow, W_AS_X>(row)
+                         : forward_kernel<X, O, Row, W_AS_X>(row);
   };
-  const void* fn = w_as_x ? kernel(std::true_type{}) : kernel(std::false_type{});
+  const void* fn = read == WeightRead::kAsXNoBias ? kernel(std::true_type{}, WithoutBias<LayerRow>{})
+                   : read == WeightRead::kAsX     ? kernel(std::true_type{}, LayerRow{})
+                                                  : kernel(std::false_type{}, LayerRow{});
   if (fn == nullptr ||
       (cfg.cluster > 1 && (!clusters || detail::clusters_resident(fn, cfg.block, 0) == 0)))
     return {nullptr, nullptr};
   return {&cfg, fn};
 }
 
-// Whether w and b can be read as x (see W_AS_X): both given, in x's dtype,
-// at 16-byte aligned bases (vector_width's check, for rows of whole vectors).
-bool weights_as_x(const FwdArgs& a) {
-  return a.w != nullptr && a.b != nullptr && a.w_dtype == a.x_dtype &&
-         a.b_dtype == a.x_dtype && vector_width(a.x_dtype, a.n, {a.w, a.b}) != 1;
+// The read of w and b that the forward's arguments allow: as x where w (and
+// b, when given) is in x's dtype at a 16-byte aligned base (vector_width's
+// check, for rows of whole vectors).
+WeightRead weight_read(const FwdArgs& a) {
+  if (a.w == nullptr || a.w_dtype != a.x_dtype) return WeightRead::kGeneral;
+  if (a.b == nullptr)
+    return vector_width(a.x_dtype, a.n, {a.w}) != 1 ? WeightRead::kAsXNoBias
+                                                     : WeightRead::kGeneral;
+  return a.b_dtype == a.x_dtype && vector_width(a.x_dtype, a.n, {a.w, a.b}) != 1
+             ? WeightRead::kAsX
+             : WeightRead::kGeneral;
 }
 
 // The persistent kernel, its dynamic shared memory and the units (blocks,
@@ -126,7 +142,7 @@ bool layer_norm_planned(DType x_dtype, DType g_dtype, int n, bool add) {
   detail::with_types(x_dtype, g_dtype, [&](auto tx, auto tg) {
     using X = typename decltype(tx)::type;
     using G = typename decltype(tg)::type;
-    ok = forward_row<X, G>(n, add, false).first != nullptr &&
+    ok = forward_row<X, G>(n, add, WeightRead::kGeneral).first != nullptr &&
          (add ? choose_backward<X, G, true>(n) : choose_backward<X, G, false>(n)).units > 0;
   });
   return ok;
@@ -142,7 +158,7 @@ Plan plan_layer_forward(const FwdArgs& a) {
   detail::with_types(a.x_dtype, a.y_dtype, [&](auto tx, auto to) {
     using X = typename decltype(tx)::type;
     using O = typename decltype(to)::type;
-    const auto [cfg, fn] = forward_row<X, O>(a.n, add, weights_as_x(a));
+    const auto [cfg, fn] = forward_row<X, O>(a.n, add, weight_read(a));
     if (vec != 16 / static_cast<int>(sizeof(X)) || cfg == nullptr) no_plan("forward", a.n);
     if (cfg->cluster > 1) {
       // A row a cluster: a block per slice, a cluster per row.

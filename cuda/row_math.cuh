@@ -217,4 +217,12 @@ struct WeightInRegisters : Row {
 };
 using LayerRowWRegs = WeightInRegisters<LayerRow>;
 
+// A norm's forward without its bias (LayerNorm's bias=None): y adds 0 as
+// Row's does for an absent b, but no b is read and no register holds one
+// (fwd_rows_body), so the read of w as x needs no branch for b.
+template <typename Row>
+struct WithoutBias : Row {
+  static constexpr bool kBias = false;
+};
+
 }  // namespace rmsnorm
