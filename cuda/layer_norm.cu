@@ -58,9 +58,10 @@ std::pair<const plans::RowPlan*, const void*> forward_row(int n, bool add, Weigh
            : add         ? forward_kernel<X, O, AddRow, W_AS_X>(row)
                          : forward_kernel<X, O, Row, W_AS_X>(row);
   };
-  const void* fn = read == WeightRead::kAsXNoBias ? kernel(std::true_type{}, WithoutBias<LayerRow>{})
-                   : read == WeightRead::kAsX     ? kernel(std::true_type{}, LayerRow{})
-                                                  : kernel(std::false_type{}, LayerRow{});
+  const void* fn = read == WeightRead::kAsXNoBias
+                       ? kernel(std::true_type{}, WithoutBias<LayerRow>{})
+                   : read == WeightRead::kAsX ? kernel(std::true_type{}, LayerRow{})
+                                              : kernel(std::false_type{}, LayerRow{});
   if (fn == nullptr ||
       (cfg.cluster > 1 && (!clusters || detail::clusters_resident(fn, cfg.block, 0) == 0)))
     return {nullptr, nullptr};
