@@ -19,8 +19,8 @@ them.
   decode_kernels    decode-step forward kernels under Nsight Compute
   profile_training  kernel times at training shapes under Nsight Compute
   profile_case      one norm direction, for a profiler to catch
-  weight_reads      the forward's read of w and b as x against its general
-                    read (no bias, fp32 weights) at long rows, % of a copy
+  weight_reads      the forward's read of w and b as x (with or without b)
+                    against its general read (fp32 weights) at long rows
   sanitize_cases    small cases for compute-sanitizer
   memory_check      active memory flat over many shape-changing steps
   mismatch_check    the error of a build without code for the GPU

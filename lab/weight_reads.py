@@ -1,10 +1,10 @@
-"""The forward's two reads of w and b side by side, at the long rows where
-they run different kernels: w and b both in x's dtype (read as x, W_AS_X),
-and the general read (w without b, or w and b in fp32, y then in fp32),
-whose capped cluster rows spill on sm_90 (ptxas: 36-52 bytes at LayerNorm's
-512 x 8 slices, 4-20 at the fused add's 512 x 4) where the read as x does
-not. Each variant's time against the copy rate on its own bytes says what
-the spills cost:
+"""The forward's reads of w and b side by side, at the long rows where they
+run different kernels: read as x (W_AS_X: w and b both in x's dtype, or w
+alone for a LayerNorm without bias, the WithoutBias policy) and the general
+read (w and b in fp32, y then in fp32), whose capped cluster rows spill on
+sm_90 (ptxas: 36-52 bytes at LayerNorm's 512 x 8 slices, 4-20 at the fused
+add's 512 x 4) where the read as x does not. Each variant's time against the
+copy rate on its own bytes says what the spills cost:
 
     python3 -m lab.weight_reads [--shapes 2048x65536,...] [--repeats 7] [--calls 20]
 
@@ -85,7 +85,8 @@ def main(argv=None):
         print("weight_reads: needs a GPU (the kernels compared are CUDA kernels)")
         return 1
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
-    print(f"w and b read as x against the general read; bf16 x, {args.calls} calls an eval, "
+    print(f"w and b read as x (w alone without b) against the general read (fp32 w, b); bf16 x, "
+          f"{args.calls} calls an eval, "
           f"median [min-max] of {args.repeats} interleaved rounds; % = copy time of the bytes / time")
     print(f"{'shape':>12} {'op':15} {'w, b':14} {'us':>24} {'MB':>7} {'% copy [min-max]':>18}")
     for shape in shapes:

@@ -407,7 +407,7 @@ run_profile_ln() {
     "$OUT/profile-ln.log" | head -200
 }
 
-#: the forward's read of w and b as x against its general read (w without b, fp32 w and b) at long rows (lab/weight_reads.py)
+#: the forward's read of w and b as x (w alone without b) against its general read (fp32 w and b) at long rows (lab/weight_reads.py)
 run_weight_reads() {
   ensure_built || return 1
   timeout "$(cap 150)" python3 -m lab.weight_reads 2>&1 | tee "$OUT/weight-reads.txt"
