@@ -130,6 +130,7 @@ def scenarios(names=(), quick=False):
     import mlx.core as mx
 
     import mlx_rmsnorm
+    from mlx_rmsnorm.bench.core import bias_like
 
     def norm_inputs(m, n):
         x = mx.random.normal((m, n)).astype(mx.bfloat16)
@@ -154,8 +155,7 @@ def scenarios(names=(), quick=False):
         model's layers; bench --chain)."""
         x, g, w = norm_inputs(m, n)
         if layer:
-            b = (0.1 * (w - 1)).astype(w.dtype)
-            f, params = (lambda x, w, b: mx.fast.layer_norm(x, w, b, 1e-5)), [w, b]
+            f, params = (lambda x, w, b: mx.fast.layer_norm(x, w, b, 1e-5)), [w, bias_like(w)]
         else:
             f, params = (lambda x, w: mx.fast.rms_norm(x, w, 1e-5)), [w]
 
