@@ -438,6 +438,26 @@ def eval_timeline(t0, t1, records):
     return t
 
 
+# activities a timeline report lists in order, of one eval a contender
+SEQUENCE = 12
+
+
+def sequence(ev, width, limit=SEQUENCE):
+    """Lines: eval `ev`'s (t0, t1, records) first `limit` GPU activities by
+    start, each with the earlier ones it overlapped (which run side by side
+    shows here, and in no sum of the tallies)."""
+    gpu = sorted((s, e, name if kind == "kernel" else f"[{kind}]")
+                 for kind, s, e, _, name in ev[2] if kind in GPU_KINDS)[:limit]
+    if not gpu:
+        return ["  (no GPU activity)"]
+    t0, lines = gpu[0][0], []
+    for i, (s, e, name) in enumerate(gpu):
+        beside = [f"#{j} {(min(e, ej) - s) / 1e3:.1f}" for j, (sj, ej, _) in enumerate(gpu[:i]) if ej > s]
+        lines.append(f"  #{i:<2} {(s - t0) / 1e3:9.1f} {(e - t0) / 1e3:9.1f} {(e - s) / 1e3:8.1f}  "
+                     f"{short(name, width):{width}}" + (f"  beside {', '.join(beside)}" if beside else ""))
+    return lines
+
+
 def summarize(evals):
     """eval_timeline over a contender's evals: the tallies summed and n, the
     number of evals, to divide by."""
@@ -517,6 +537,11 @@ def report_timeline(name, res, evals, out, width=60, contenders=("builtin", "plu
             inside = ", ".join(f"{call} {v / t['n'] / 1e3:.1f}" for call, v in host.most_common(3))
             lines.append(f"  {ns / t['n'] / 1e3:8.1f} us {n / t['n']:5.1f}x  longest {longest / 1e3:7.1f} us  "
                          f"{short(before, 2 * width // 3)} -> {short(after, 2 * width // 3)}  | {inside}")
+
+    for c in contenders:
+        lines += [f"\n{c}: one eval's first {SEQUENCE} GPU activities in start order (us from the first "
+                  f"start: start, end, length; beside: the activities it overlapped)"]
+        lines += sequence(res[c]["evals"][len(res[c]["evals"]) // 2], width)
 
     lines.append(f"\n{'host inside the idle gaps, in (us per eval)':52} {nb:>12} {ns_:>12} {'difference':>12}")
     for k in sorted(set(b["in_gaps"]) | set(s["in_gaps"]), key=lambda k: -abs(change("in_gaps", k)))[:8]:

@@ -113,6 +113,20 @@ def test_cuda_calls_timeline_of_one_eval():
     assert t["kernel_ns"] == {"A": 10, "B": 15}
 
 
+def test_cuda_calls_sequence_names_what_ran_beside():
+    """One eval's activities by start, in us from the first; each lists the
+    earlier ones still running when it started, and for how long."""
+    from lab import cuda_calls
+
+    records = [("kernel", 5000, 9000, 0, "walk"), ("kernel", 1000, 4000, 0, "walk"),
+               ("kernel", 4000, 6000, 0, "colsum"), ("runtime", 0, 500, 0, "cudaGraphLaunch")]
+    lines = cuda_calls.sequence((0, 10000, records), 20)
+    assert len(lines) == 3
+    assert lines[0].split()[:4] == ["#0", "0.0", "3.0", "3.0"]
+    assert lines[1].split()[:5] == ["#1", "3.0", "5.0", "2.0", "colsum"] and "beside" not in lines[1]
+    assert lines[2].split()[:5] == ["#2", "4.0", "8.0", "4.0", "walk"] and lines[2].endswith("beside #1 1.0")
+
+
 def test_cuda_calls_short_kernel_names():
     from lab import cuda_calls
 
