@@ -119,8 +119,10 @@ struct Plan {
   std::size_t scratch_bytes = 0;  // fp32 scratch the caller must provide
   int partial_rows = 0;           // copy into BwdArgs::partial_rows
   std::size_t partials_offset = 0, row_stats_offset = 0, naive_offset = 0;
-  // (backward) the call that writes gx: the calls after it only finish gw
-  // (column sums), so what reads gx need not wait for them.
+  // (backward) the last call that what reads gx waits for: the call that
+  // writes gx, where the calls after it only finish gw (column sums) and
+  // may run beside what reads gx; a later one where they must not
+  // (layer_norm.cu says why).
   int gx_call = 0;
   Algorithm algorithm = Algorithm::Auto;
 };
