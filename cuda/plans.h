@@ -301,9 +301,7 @@ inline constexpr RowPlan kLayerBackwardSm90[] = {
     // warps) a SM. Slices of 256 x 4 take half the shared memory, two blocks
     // a SM (H100, cuda/cli/layer_norm_bench, bf16, us against 512 x 4):
     // N <= 32768: 4 blocks (4096x24576 241.0 against 248.1; 4096x32768 309.4
-    // against 318.6; 256 x 2 slices of 8: 347.2); up to N = 24576 three
-    // such slices fill the row, where four left a quarter of the lanes idle
-    upto(3072).block(256).group(256).chunks(4).stages(2).cluster(3),
+    // against 318.6; 256 x 2 slices of 8: 347.2)
     upto(4096).block(256).group(256).chunks(4).stages(2).cluster(4),
     // N <= 65536: 8 blocks (2048x65536 321.7 against 346.4)
     upto(8192).block(256).group(256).chunks(4).stages(2).cluster(8),
@@ -333,9 +331,8 @@ inline constexpr RowPlan kAddLayerBackwardSm90[] = {
     kLayerBackwardSm90[6],  kLayerBackwardSm90[7],  kLayerBackwardSm90[8],
     kLayerBackwardSm90[9],  kLayerBackwardSm90[10], kLayerBackwardSm90[11],
     kLayerBackwardSm90[12],
-    // N <= 24576: LayerNorm's 256 x 4 slices, of 3 (of 4: 4096x24576 288.8
-    // against 292.2 for 512 x 4)
-    kLayerBackwardSm90[13],
+    // N <= 24576: LayerNorm's 256 x 4 slices of 4 (4096x24576 288.8 against 292.2)
+    upto(3072).block(256).group(256).chunks(4).stages(2).cluster(4),
     // N <= 32768: 256 x 2 slices of 8 (4096x32768 385.9; 256 x 4 slices of 4
     // 414.8, one block a SM; 512 x 2 slices of 4, weight in registers, 440.4)
     upto(4096).block(256).group(256).chunks(2).stages(2).cluster(8),
