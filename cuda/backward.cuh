@@ -60,9 +60,14 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   constexpr int P = Row::kPartials;
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ROWS = BLOCK / GROUP;
+  // A weight-in-registers row on sm_12x (Row::kWReload) whose weight would
+  // take 32 floats a thread (512 x 4 of 16-bit x; those of 16 did not spill):
+  // the weight re-read at each use, and per-thread copies (arch::kWeightReload
+  // says why).
+  constexpr bool kWReload = !Row::kWShared && Row::kWReload && CHUNKS * VEC >= 32;
   // Bulk copies where the family has the copy engine; elsewhere the same
   // plan row moves its rows with per-thread copies (arch::kBulkCopy).
-  constexpr bool kBulk = BULK && arch::kBulkCopy;
+  constexpr bool kBulk = BULK && arch::kBulkCopy && !kWReload;
   static_assert(!BULK || STAGES >= 2, "the bulk pipeline refills mid-step");
   static_assert(CLUSTER == 1 || ROWS == 1, "a cluster splits one row a step");
   constexpr bool kClusterShift = CLUSTER > 1 && Row::kShift;
@@ -170,10 +175,10 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   // elements 4q..4q+3 of every vector, so that a warp's lanes (consecutive
   // vectors) read consecutive 16-byte words: no bank conflicts.
   float4* sw = reinterpret_cast<float4*>(smem + STAGES * stage_bytes);
-  float w[kWShared ? 1 : CHUNKS][VEC];
+  float w[kWShared || kWReload ? 1 : CHUNKS][VEC];
   float acc[P][CHUNKS][VEC] = {};
 #pragma unroll
-  for (int j = 0; j < CHUNKS; ++j) {
+  for (int j = 0; j < (kWReload ? 0 : CHUNKS); ++j) {
     int v = j * GROUP + lane;
     float(&wj)[VEC] = w[kWShared ? 0 : j];
     if (v < nvec) {
@@ -193,7 +198,8 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   }
   if constexpr (kWShared) __syncthreads();  // the weight, before any row reads it
   // The weight of vector v (chunk j) for the element loops: the registers, or
-  // (kWShared) `local` filled from shared memory.
+  // `local` filled from shared memory (kWShared) or from w itself (kWReload:
+  // the same fp32 values as the registers would hold).
   auto weight = [&](int j, int v, float(&local)[VEC]) -> const float(&)[VEC] {
     if constexpr (kWShared) {
 #pragma unroll
@@ -204,6 +210,10 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
         local[4 * q + 2] = f.z;
         local[4 * q + 3] = f.w;
       }
+      return local;
+    } else if constexpr (kWReload) {
+      load_w(a.w, a.w_dtype, v0 + v, aligned16(a.w), local);
+      add_offset(local, a.offset);
       return local;
     } else {
       return w[j];

@@ -29,6 +29,15 @@ inline constexpr int kVersion = 0;  // host pass: no device code is generated
 #endif
 inline constexpr bool kAsyncCopy = kVersion >= 80;  // cp.async (16-byte, per thread)
 inline constexpr bool kBulkCopy = kVersion >= 90;   // cp.async.bulk + mbarrier tx counts
+// sm_12x (kVersion 120, 121): the backward walk of a weight-in-registers
+// row (row_math.cuh WeightInRegisters, LayerNorm's rows whose fp32 weight
+// does not fit shared memory) of 512 x 4 with 16-bit x (32 floats of weight
+// a thread, 128 registers) re-reads the weight (L1) at each use instead of
+// holding it, and copies its rows per thread: ptxas there spilled 336-456
+// bytes a thread with the weight held and bulk copies (28-68 in the cluster
+// rows), where sm_90 fits the same code in 128 registers without spills;
+// re-read, 122-128 and none (ptxas, nvcc 13.0; backward.cuh persistent_walk).
+inline constexpr bool kWeightReload = kVersion >= 120;
 // Whether this architecture's code serves plan family `family` (launch.cu
 // target(): 90 from sm_90 on; 80, whose tables serve sm_75 too, below it),
 // so builds the kernels of that family's plan rows (RowPlan::family). The

@@ -28,6 +28,10 @@
 //                       vector, the same value in every thread of the row
 //   kWShared            (backward) the fp32 weight lives in shared memory
 //                       for the walk instead of in registers
+//   kWReload            (backward, !kWShared) the walk re-reads the weight
+//                       at each use and copies per thread instead of holding
+//                       it in registers (WeightInRegisters on sm_12x only:
+//                       arch::kWeightReload)
 //
 //   Streams (for ops that carry more than x and g / y)
 //     kExtraIn, kExtraOut streamed inputs beside x (forward) or x and g
@@ -54,7 +58,7 @@ namespace rmsnorm {
 struct RmsRow {
   static constexpr int kExtraIn = 0, kExtraOut = 0;
   using Sums = float2;
-  static constexpr bool kShift = false, kWShared = false;
+  static constexpr bool kShift = false, kWShared = false, kWReload = false;
 
   // Forward: one pass, sum x^2 (the float2's second half rides along unused:
   // the block reduction is shared with the backward's two sums).
@@ -126,7 +130,7 @@ struct RmsRow {
 // per-column array beside the gw and gb partials.
 struct LayerRow {
   static constexpr int kExtraIn = 0, kExtraOut = 0;
-  static constexpr bool kShift = true, kWShared = true;
+  static constexpr bool kShift = true, kWShared = true, kWReload = false;
 
   static constexpr int kFwdPasses = 1;
   static constexpr bool kBias = true;
@@ -214,6 +218,7 @@ using AddLayerRow = WithResidualAdd<LayerRow>;
 template <typename Row>
 struct WeightInRegisters : Row {
   static constexpr bool kWShared = false;
+  static constexpr bool kWReload = arch::kWeightReload;
 };
 using LayerRowWRegs = WeightInRegisters<LayerRow>;
 
