@@ -218,11 +218,12 @@ Plan plan_layer_backward(const BwdArgs& a) {
     } else if (a.gb != nullptr) {
       p.calls.push_back(colsum_call<float, true, 1>(a.n, "colsum_gb"));
     }
-    // A cluster row's persistent grid takes every SM's room (two 256-thread
-    // slices a SM). A column sum left to run beside the next call's walk,
-    // which reads only gx, holds room that the walk's clusters then wait
-    // for: a chain of calls, as a model makes, lost more there than the
-    // column sum takes alone. So what reads gx waits for the column sums too.
+    // A cluster row's persistent grid takes every SM's room (the 256-thread
+    // slices: two blocks a SM). A column sum left to run beside the next
+    // call's walk, which reads only gx, holds room that some of the walk's
+    // clusters then wait for, a second wave (H100, chained, 4096x32768: such
+    // walks took 456-503 us, the others 288-290). So what reads gx waits for
+    // the column sums too, their few us in series (docs/NOTES.md).
     if (c.cfg->cluster > 1) p.gx_call = static_cast<int>(p.calls.size()) - 1;
   });
   return p;
