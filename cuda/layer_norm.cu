@@ -218,13 +218,16 @@ Plan plan_layer_backward(const BwdArgs& a) {
     } else if (a.gb != nullptr) {
       p.calls.push_back(colsum_call<float, true, 1>(a.n, "colsum_gb"));
     }
-    // A cluster row's persistent grid takes every SM's room (the 256-thread
-    // slices: two blocks a SM). A column sum left to run beside the next
-    // call's walk, which reads only gx, holds room that some of the walk's
-    // clusters then wait for, a second wave (H100, chained, 4096x32768: such
-    // walks took 456-503 us, the others 288-290). So what reads gx waits for
-    // the column sums too, their few us in series (docs/NOTES.md).
-    if (c.cfg->cluster > 1) p.gx_call = static_cast<int>(p.calls.size()) - 1;
+    // A cluster row whose persistent grid holds two blocks a SM or more (the
+    // 256-thread slices) takes every SM's room. A column sum left to run
+    // beside the next call's walk, which reads only gx, holds room that some
+    // of the walk's clusters then wait for, a second wave (H100, chained,
+    // 4096x32768: such walks took 456-503 us, the others 288-290). So what
+    // reads gx waits for the column sums too, their few us in series
+    // (docs/NOTES.md). A grid of one block a SM (the 512 x 4 slices; RMSNorm's
+    // walks the same) leaves the column sum its SMs and lost only that wait.
+    if (c.cfg->cluster > 1 && int64_t(c.units) * c.cfg->cluster > detail::sm_count())
+      p.gx_call = static_cast<int>(p.calls.size()) - 1;
   });
   return p;
 }
