@@ -263,7 +263,7 @@ run_prefill() {
 #: the whole benchmark
 run_bench() { bench bench.log 500; }
 #: its training and decode sections
-run_bench_training() { bench bench-training.log 150 --sections training,decode --repeats 5 --singles 5; }
+run_bench_training() { bench bench-training.log 150 --sections training,decode --repeats 15 --singles 5; }
 #: the nine big shapes
 run_bench_table() { bench bench-table.log 120 --sections table --repeats 5; }
 #: the fused add + norm section (with the Gemma accuracy figures)
@@ -272,10 +272,20 @@ run_bench_fused() { bench bench-fused.log 120 --fused --repeats 5; }
 run_bench_ln() { bench bench-ln.log 150 --sections ln_training,ln_table --repeats 5; }
 #: the LayerNorm sections with chained calls (bench --chain)
 run_bench_ln_chain() { bench bench-ln-chain.log 150 --sections ln_training,ln_table --repeats 5 --chain; }
+#: QuACK and torch's copy at the long-row shapes on this GPU (lab.peers; PEERS_WHEELS: a folder of quack-kernels' wheels to install first), for bench-large-n's ratios
+run_peers() {
+  if [ -n "${PEERS_WHEELS:-}" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile "$PEERS_WHEELS"/*.whl || return 1
+  fi
+  timeout "$(cap 300)" python3 -m lab.peers --out "$OUT/peers.json" ${PEERS_ARGS:-} 2>&1 | tee "$OUT/peers.log"
+  return "${PIPESTATUS[0]}"
+}
+# --peers where the peers step ran before in this run (QuACK of this GPU)
+peers_arg() { [ -f "$OUT/peers.json" ] && echo "--peers $OUT/peers.json"; }
 #: long rows (N 16384-262144): every op and direction against the copy ceiling and the built-in, QuACK's figures beside
-run_bench_large_n() { bench large-n.log 150 --large-n --repeats 7; }
+run_bench_large_n() { bench large-n.log 150 --large-n --repeats 7 $(peers_arg); }
 #: the same with each call of an eval taking the previous call's output (no overlap of calls, as in a model)
-run_bench_large_n_chain() { bench large-n-chain.log 150 --large-n --repeats 7 --chain; }
+run_bench_large_n_chain() { bench large-n-chain.log 150 --large-n --repeats 7 --chain $(peers_arg); }
 
 # the RMSNorm kernels' GPU tests, which the fused add and LayerNorm share code with
 rms_gpu_tests() {

@@ -470,3 +470,31 @@ def test_large_n_ratio_to_quack_only_on_the_gpu_it_was_measured_on():
     assert "ours/QuACK 0.85" in large_n.format_row(r, on_h200=True)
     other = large_n.format_row(r, on_h200=False)
     assert "QuACK  354 us" in other and "ours/QuACK" not in other and "no ratio" in other
+
+
+def test_large_n_takes_quack_figures_of_this_gpu_from_lab_peers(tmp_path):
+    """lab.peers' JSON of this GPU gives QuACK's figure and the ratio on every
+    GPU; a file of another GPU is not used (the H200 table stays)."""
+    from mlx_rmsnorm.bench import large_n
+
+    path = tmp_path / "peers.json"
+    fig = lambda us: {"us": us, "us_min": us - 1, "us_max": us + 1}  # noqa: E731
+    path.write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "figures": {"4096x32768": {
+        "copy fwd": fig(170.0), "copy bwd": fig(250.0), "rms_norm fwd": fig(180.0),
+        "rms_norm bwd": fig(400.0), "layer_norm fwd": fig(300.0), "layer_norm bwd": fig(500.0)}}}))
+    assert large_n.peers_here(str(path), "NVIDIA H200") is None
+    peers = large_n.peers_here(str(path), "NVIDIA H100 80GB HBM3")
+    assert peers == {(4096, 32768): {("rms_norm", "fwd"): 180.0, ("rms_norm", "bwd"): 400.0,
+                                     ("layer_norm", "fwd"): 300.0, ("layer_norm", "bwd"): 500.0}}
+    here = large_n.quack_of((4096, 32768), "rms_norm", "bwd", mx.bfloat16, peers)
+    assert here == {"quack_us": 400.0, "quack_here": True}
+    # a shape the file lacks falls back to the H200 table; no figure for the add ops
+    assert large_n.quack_of((2048, 65536), "rms_norm", "bwd", mx.bfloat16, peers) == {
+        "quack_us": 382, "quack_here": False}
+    assert large_n.quack_of((4096, 32768), "add_rms_norm", "bwd", mx.bfloat16, peers)["quack_us"] is None
+    assert large_n.quack_of((4096, 32768), "rms_norm", "bwd", mx.float16, peers)["quack_us"] is None
+    r = {"shape": "4096x32768", "op": "rms_norm", "direction": "bwd", "us": 300.0, "us_min": 290.0,
+         "us_max": 310.0, "ceiling_us": 270.0, "pct_ceiling": 90.0, "builtin_us": 600.0,
+         "x_builtin": 2.0, **here}
+    line = large_n.format_row(r, on_h200=False)
+    assert "QuACK  400.0 us (torch, this GPU; ours/QuACK 0.75)" in line

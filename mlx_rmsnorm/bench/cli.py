@@ -129,6 +129,9 @@ def parser():
     p.add_argument("--large-n", action="store_true",
                    help="only the long-row section (also --sections large-n): rms_norm, layer_norm, "
                         "add_rms_norm, add_layer_norm forward and backward at N 16384-262144")
+    p.add_argument("--peers", default=None, metavar="JSON",
+                   help="--large-n: QuACK's figures timed on this GPU by python3 -m lab.peers "
+                        "(torch), printed beside ours with the ratio")
     return p
 
 

@@ -61,6 +61,24 @@ def quack_us(shape, op, direction):
     return None if figures is None or column is None else figures[column]
 
 
+def peers_here(path, gpu):
+    """QuACK's figures of ``lab.peers`` (JSON at path) as {(M, N): {(op,
+    direction): us}}, where they were measured on this GPU (its name is
+    ``gpu``); None where the file's GPU is another."""
+    import json
+
+    with open(path) as fh:
+        data = json.load(fh)
+    if data.get("gpu") != gpu:
+        return None
+    figures = {}
+    for shape, names in data["figures"].items():
+        m, n = (int(d) for d in shape.split("x"))
+        figures[m, n] = {tuple(name.split()): f["us"] for name, f in names.items()
+                         if not name.startswith("copy")}
+    return figures
+
+
 def contenders(w):
     """[(op, direction, fn(x, g))] for one shape; x and g double as the
     residual and the second cotangent of the add ops."""
@@ -111,8 +129,10 @@ def builtins(w):
     return figs
 
 
-def run_case(shape, dtype, calls, repeats, singles, device, chain=False):
-    """Rows of one shape: every op and direction against the ceiling."""
+def run_case(shape, dtype, calls, repeats, singles, device, chain=False, peers=None):
+    """Rows of one shape: every op and direction against the ceiling; QuACK's
+    figure beside each from ``peers`` (peers_here) where it has the shape,
+    else from the H200 table."""
     m, n = shape
     tensor = m * n * dtype.size
     n_sets = rotating_sets(2 * tensor)
@@ -146,24 +166,36 @@ def run_case(shape, dtype, calls, repeats, singles, device, chain=False):
             pct_ceiling_min=min(pct), pct_ceiling_max=max(pct),
             builtin_us=statistics.median(theirs_us), x_builtin=statistics.median(speedup),
             x_builtin_min=min(speedup), x_builtin_max=max(speedup),
-            quack_us=quack_us(shape, op, direction) if dtype == mx.bfloat16 else None,
-            samples_us=us[i]))
+            samples_us=us[i], **quack_of(shape, op, direction, dtype, peers)))
     return rows
+
+
+def quack_of(shape, op, direction, dtype, peers=None):
+    """A row's QuACK fields: quack_us, and quack_here (True: measured on this
+    GPU by lab.peers, in this run's peers file; False: the H200 table)."""
+    if dtype != mx.bfloat16:
+        return dict(quack_us=None, quack_here=False)
+    if peers and tuple(shape) in peers:
+        return dict(quack_us=peers[tuple(shape)].get((op, direction)), quack_here=True)
+    return dict(quack_us=quack_us(shape, op, direction), quack_here=False)
 
 
 def format_row(r, on_h200=True):
     """One line: MxN, the op, the direction, ours, the ceiling, NN%, the
     built-in (x: built-in / ours, median of the rounds), QuACK (ours / QuACK
-    only where this run is on an H200 too: on another GPU the figures are
-    not comparable)."""
+    only where QuACK's figure is from this GPU, lab.peers in this run, or
+    this run is on an H200 too: on another GPU the figures are not
+    comparable)."""
     line = (f"{r['shape']:>12}  {r['op']:<14} {r['direction']:<4} "
             f"ours {spread(r['us'], r['us_min'], r['us_max']):>22} us  "
             f"ceiling {r['ceiling_us']:7.1f} us  {r['pct_ceiling']:3.0f}%  "
             f"built-in {r['builtin_us']:7.1f} us ({r['x_builtin']:4.2f}x)")
-    if r.get("quack_us") is not None:
-        q = r["quack_us"]
-        line += (f"  QuACK {q:4d} us (torch, H200; ours/QuACK {r['us'] / q:4.2f})" if on_h200
-                 else f"  QuACK {q:4d} us (torch, H200; not this GPU: no ratio)")
+    q = r.get("quack_us")
+    if q is not None and r.get("quack_here"):
+        line += f"  QuACK {q:6.1f} us (torch, this GPU; ours/QuACK {r['us'] / q:4.2f})"
+    elif q is not None:
+        line += (f"  QuACK {q:4.0f} us (torch, H200; ours/QuACK {r['us'] / q:4.2f})" if on_h200
+                 else f"  QuACK {q:4.0f} us (torch, H200; not this GPU: no ratio)")
     return line
 
 
@@ -173,16 +205,21 @@ def run(args, device, dtype, shapes):
     print(f"device: {device_name(device)}, dtype: {args.dtype}, section: large-n, {len(run_list)} "
           f"shapes x {len(OPS)} ops x 2 directions, {per_eval(args.calls, args.chain)}, "
           f"{args.repeats} interleaved repeats (+1 warm-up)", flush=True)
+    peers = peers_here(args.peers, device_name(device)) if getattr(args, "peers", None) else None
+    if getattr(args, "peers", None):
+        print(f"QuACK's figures: {args.peers}" + (" (this GPU)" if peers is not None else
+                                                   " is of another GPU: the H200 table instead"))
     rows, base, elapsed = run_own_section(
         "large-n", [("x".join(map(str, shape)),
                      lambda shape=shape: run_case(shape, dtype, args.calls, args.repeats, args.singles,
-                                                  device, args.chain))
+                                                  device, args.chain, peers))
                     for shape in run_list], args, device)
     print(f"\nlarge N: us per call, median [min-max] of {args.repeats} interleaved repeats of "
           f"{per_eval(args.calls, args.chain)}; ceiling = the copy rate (faster of MLX's -x and "
           "x+g, same rounds) on the bytes the op must move; NN% = ceiling / ours; built-in: mx.fast (after "
-          "MLX's add for the add ops), x = built-in / ours; QuACK: measured with torch "
-          "on an H200 (bf16), not in this run")
+          "MLX's add for the add ops), x = built-in / ours; QuACK: measured with torch (do_bench), "
+          + ("on this GPU in this run (lab.peers)" if peers is not None
+             else "on an H200 (bf16), not in this run"))
     on_h200 = "H200" in device_name(device)
     for r in rows:
         print(format_row(r, on_h200))
