@@ -8,6 +8,11 @@ peers on this GPU", says how they get onto the GPU machine):
     python3 -m lab.peers --out peers.json [--shapes 4096x32768,...]
     python -m mlx_rmsnorm.bench --large-n --peers peers.json
 
+or, for a bench --large-n run made before on the same GPU, its lines again
+with QuACK's figures and the ratio (no GPU needed):
+
+    python3 -m lab.peers --against bench_bfloat16_large-n.json --out peers.json
+
 Each figure is triton's ``do_bench`` median (CUDA events; --rounds rounds,
 interleaved over the contenders, median and [min-max] of the rounds), as
 the peers time themselves: QuACK's public calls as a torch user makes them
@@ -97,13 +102,38 @@ def run_shape(m, n, dtype, rounds):
     return us
 
 
+def against(bench_json, peers_json):
+    """bench --large-n's lines of a run (its JSON) with QuACK's figures of
+    the same GPU (lab.peers' JSON) and ours / QuACK; an error where the two
+    files are of different GPUs."""
+    import mlx.core as mx
+
+    from mlx_rmsnorm.bench import large_n
+
+    with open(bench_json) as fh:
+        data = json.load(fh)
+    peers = large_n.peers_here(peers_json, data["device"])
+    if peers is None:
+        raise SystemExit(f"{peers_json} is not of {bench_json}'s GPU ({data['device']})")
+    print(f"{bench_json} ({data['device']}, chain {data.get('chain')}) against QuACK of {peers_json}")
+    for r in data["rows"]:
+        r.update(large_n.quack_of((r["M"], r["N"]), r["op"], r["direction"], getattr(mx, r["dtype"]),
+                                  peers))
+        print(large_n.format_row(r))
+    return 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="peers.json", help="the figures as JSON, for bench --peers")
+    p.add_argument("--against", metavar="BENCH_JSON", default=None,
+                   help="time nothing: print this bench --large-n run's lines with --out's figures")
     p.add_argument("--shapes", default="", help="MxN,... (default: bench --large-n's)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of do_bench a figure")
     p.add_argument("--dtype", default="bfloat16")
     args = p.parse_args(argv)
+    if args.against:
+        return against(args.against, args.out)
 
     import quack
     import torch

@@ -66,11 +66,33 @@ def test_gpu_run_packs_its_logs_without_plots_or_data(tmp_path):
 
 @pytest.mark.parametrize("module", ["lab.sweep", "lab.host_cost", "lab.cuda_calls", "lab.memory_check",
                                     "lab.sanitize_cases", "lab.decode_kernels", "lab.cpu_speed",
-                                    "lab.weight_reads"])
+                                    "lab.weight_reads", "lab.peers"])
 def test_lab_command_lines_parse(module):
     out = _run(sys.executable, "-m", module, "--help")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("usage:")
+
+
+def test_peers_against_prints_a_bench_run_with_quack_of_its_gpu(tmp_path):
+    """lab.peers --against: a bench --large-n run's lines with QuACK's
+    figures of the same GPU and the ratio; refused for another GPU's."""
+    import json
+
+    row = dict(kind="large_n", op="rms_norm", direction="bwd", shape="4096x32768", M=4096, N=32768,
+               dtype="bfloat16", us=300.0, us_min=290.0, us_max=310.0, ceiling_us=270.0,
+               pct_ceiling=90.0, builtin_us=600.0, x_builtin=2.0)
+    bench = tmp_path / "bench_bfloat16_large-n.json"
+    bench.write_text(json.dumps(dict(device="NVIDIA H100 80GB HBM3", chain=False, rows=[row])))
+    fig = {"us": 400.0, "us_min": 399.0, "us_max": 401.0}
+    peers = tmp_path / "peers.json"
+    for gpu, rc in (("NVIDIA H100 80GB HBM3", 0), ("NVIDIA H200", 1)):
+        peers.write_text(json.dumps(dict(gpu=gpu, figures={"4096x32768": {"rms_norm bwd": fig}})))
+        out = _run(sys.executable, "-m", "lab.peers", "--against", str(bench), "--out", str(peers))
+        assert out.returncode == rc, out.stderr
+    peers.write_text(json.dumps(dict(gpu="NVIDIA H100 80GB HBM3",
+                                     figures={"4096x32768": {"rms_norm bwd": fig}})))
+    out = _run(sys.executable, "-m", "lab.peers", "--against", str(bench), "--out", str(peers))
+    assert "QuACK  400.0 us (torch, this GPU; ours/QuACK 0.75)" in out.stdout
 
 
 def test_weight_reads_counts_each_variants_bytes():

@@ -40,7 +40,8 @@ def write_outputs(rows, base, meta):
 def run_own_section(name, cases, args, device):
     """A section with tables of its own (bench --fused, --large-n): every case
     of `cases` ([(label, run)], run() -> the case's rows), a progress step a
-    case, the rows written to args.out as bench_<dtype>_<name>.csv / .json.
+    case, the rows written to args.out as bench_<dtype>_<name>.csv / .json
+    (<name>-chain with --chain, so that a chained run keeps the plain one's).
     Returns (rows, base path, seconds)."""
     t_start = time.perf_counter()
     rows = []
@@ -54,7 +55,7 @@ def run_own_section(name, cases, args, device):
         progress.close()
     elapsed = time.perf_counter() - t_start
     os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, f"bench_{args.dtype}_{name}")
+    base = os.path.join(args.out, f"bench_{args.dtype}_{name}{'-chain' if args.chain else ''}")
     write_outputs(rows, base, dict(device=device_name(device), dtype=args.dtype, sections=[name],
                                    calls=args.calls, chain=args.chain, repeats=args.repeats,
                                    quick=args.quick,
