@@ -272,10 +272,16 @@ run_bench_fused() { bench bench-fused.log 120 --fused --repeats 5; }
 run_bench_ln() { bench bench-ln.log 150 --sections ln_training,ln_table --repeats 5; }
 #: the LayerNorm sections with chained calls (bench --chain)
 run_bench_ln_chain() { bench bench-ln-chain.log 150 --sections ln_training,ln_table --repeats 5 --chain; }
-#: QuACK and torch's copy at the long-row shapes on this GPU (lab.peers; PEERS_WHEELS: a folder of quack-kernels' wheels to install first), for bench-large-n's ratios
+#: QuACK and torch's copy at the long-row shapes on this GPU (lab.peers; PEERS_PARTS: the folders of lab.peers_wheels pack, or PEERS_WHEELS: a folder of wheels, to install first), for bench-large-n's ratios
 run_peers() {
-  if [ -n "${PEERS_WHEELS:-}" ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile "$PEERS_WHEELS"/*.whl || return 1
+  local wheels=${PEERS_WHEELS:-}
+  if [ -n "${PEERS_PARTS:-}" ]; then
+    wheels=/tmp/peers-wheels
+    # shellcheck disable=SC2086
+    python3 -m lab.peers_wheels unpack $PEERS_PARTS --into "$wheels" || return 1
+  fi
+  if [ -n "$wheels" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile "$wheels"/*.whl || return 1
   fi
   timeout "$(cap 300)" python3 -m lab.peers --out "$OUT/peers.json" ${PEERS_ARGS:-} 2>&1 | tee "$OUT/peers.log"
   return "${PIPESTATUS[0]}"

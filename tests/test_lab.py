@@ -66,7 +66,7 @@ def test_gpu_run_packs_its_logs_without_plots_or_data(tmp_path):
 
 @pytest.mark.parametrize("module", ["lab.sweep", "lab.host_cost", "lab.cuda_calls", "lab.memory_check",
                                     "lab.sanitize_cases", "lab.decode_kernels", "lab.cpu_speed",
-                                    "lab.weight_reads", "lab.peers"])
+                                    "lab.weight_reads", "lab.peers", "lab.peers_wheels"])
 def test_lab_command_lines_parse(module):
     out = _run(sys.executable, "-m", module, "--help")
     assert out.returncode == 0, out.stderr
@@ -93,6 +93,39 @@ def test_peers_against_prints_a_bench_run_with_quack_of_its_gpu(tmp_path):
                                      figures={"4096x32768": {"rms_norm bwd": fig}})))
     out = _run(sys.executable, "-m", "lab.peers", "--against", str(bench), "--out", str(peers))
     assert "QuACK  400.0 us (torch, this GPU; ours/QuACK 0.75)" in out.stdout
+
+
+def test_peers_wheels_split_a_wheel_over_two_calls_and_join_it_back(tmp_path):
+    """lab.peers_wheels: a wheel larger than a call goes into two folders of
+    at most a call each (tar.xz, cut), the other wheels beside its second
+    part; unpack gives a wheel of the same files and bytes, and the others
+    as they were. More than two calls' worth is refused."""
+    import zipfile
+
+    from lab import peers_wheels
+
+    rng = __import__("random").Random(7)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    big = {"pkg/lib/libbig.so": rng.randbytes(30000), "pkg/__init__.py": b"x = 1\n",
+           "pkg-1.0.dist-info/RECORD": b"pkg/__init__.py,,\n"}
+    with zipfile.ZipFile(wheels / "pkg-1.0-py3-none-any.whl", "w") as z:
+        for name, data in big.items():
+            z.writestr(name, data)
+    (wheels / "small-1.0-py3-none-any.whl").write_bytes(b"PK small")
+    peers_wheels.pack(str(wheels), str(tmp_path / "out"), carry=20000)
+    one, two = tmp_path / "out" / "1", tmp_path / "out" / "2"
+    assert sorted(p.name for p in one.iterdir()) == ["pkg-1.0-py3-none-any.whl.tar.xz.part1"]
+    assert sorted(p.name for p in two.iterdir()) == ["pkg-1.0-py3-none-any.whl.tar.xz.part2",
+                                                     "small-1.0-py3-none-any.whl"]
+    assert all(sum(p.stat().st_size for p in d.iterdir()) <= 20000 for d in (one, two))
+    into = tmp_path / "into"
+    peers_wheels.unpack([str(two), str(one)], str(into))
+    assert (into / "small-1.0-py3-none-any.whl").read_bytes() == b"PK small"
+    with zipfile.ZipFile(into / "pkg-1.0-py3-none-any.whl") as z:
+        assert {n: z.read(n) for n in z.namelist()} == big
+    with pytest.raises(SystemExit, match="more than a call carries"):
+        peers_wheels.pack(str(wheels), str(tmp_path / "out2"), carry=12000)
 
 
 def test_weight_reads_counts_each_variants_bytes():
