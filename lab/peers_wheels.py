@@ -13,12 +13,15 @@ its rest and every other wheel. On one warm GPU machine (it goes back after
 ~30 s idle: send the second call at once):
 
     call 1, carry results/peers/1:  mkdir -p /tmp/peers-1 && cp results/peers/1/* /tmp/peers-1/
-    call 2, carry results/peers/2 (and .device, results/prebuilt if they fit):
-        PEERS_PARTS="/tmp/peers-1 results/peers/2" bash scripts/gpu_run.sh peers ...
+    call 2, carry results/peers/2:
+        PEERS_PARTS="/tmp/peers-1 results/peers/2" OUT=/tmp/o bash scripts/gpu_run.sh peers
+    call 3, carry .device and results/prebuilt (no room for them before):
+        OUT=/tmp/o bash scripts/gpu_run.sh bench-large-n ...
 
 where the peers step runs ``python3 -m lab.peers_wheels unpack`` (the
-parts joined, the wheel zipped back) and installs the wheels with pip
---no-index --no-deps before ``lab.peers``.
+parts joined, the wheel zipped back), installs the wheels with pip
+--no-index --no-deps and runs ``lab.peers`` into OUT/peers.json, which
+bench-large-n of a later call with the same OUT prints beside ours.
 """
 
 from __future__ import annotations

@@ -62,7 +62,11 @@ cap() { local l=$((BUDGET - (SECONDS - t0) - 5)); [ "$l" -gt "$1" ] && l=$1; [ "
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8 --dist loadgroup")
 
 step setup
-source .device/setup.sh || exit 1
+# Steps that run torch alone (the peers) need no MLX: a call that carries
+# QuACK's wheels has no room for .device beside them (lab/peers_wheels.py).
+TORCH_ONLY=" peers "
+mlx_steps=$(for s in "${STEPS[@]}"; do [[ "$TORCH_ONLY" == *" $s "* ]] || echo "$s"; done)
+if [ -n "$mlx_steps" ]; then source .device/setup.sh || exit 1; fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
 
 # The extension of this tree, built once per run at most (skipped when the

@@ -95,6 +95,33 @@ def test_peers_against_prints_a_bench_run_with_quack_of_its_gpu(tmp_path):
     assert "QuACK  400.0 us (torch, this GPU; ours/QuACK 0.75)" in out.stdout
 
 
+def test_gpu_run_peers_needs_no_mlx_and_joins_the_parts_first(tmp_path):
+    """The peers step alone runs without .device (a call carrying QuACK's
+    wheels has no room for it): it joins PEERS_PARTS, installs the wheels,
+    then times; with a step that needs MLX the run still wants .device."""
+    root = tmp_path / "root"
+    root.mkdir()
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "calls.txt"
+    for tool in ("python3", "nvidia-smi"):
+        (fake / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\n')
+        (fake / tool).chmod(0o755)
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), PATH=f"{fake}:{os.environ['PATH']}",
+               PEERS_PARTS="/tmp/peers-1 results/peers/2")
+    run = subprocess.run(["bash", GPU_RUN, "peers"], capture_output=True, text=True, cwd=root,
+                         timeout=120, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = [ln for ln in calls.read_text().splitlines() if ln.startswith("python3 -m")]
+    assert lines[0] == "python3 -m lab.peers_wheels unpack /tmp/peers-1 results/peers/2 --into /tmp/peers-wheels"
+    assert lines[1].startswith("python3 -m pip install -q --no-index --no-deps")
+    assert lines[2] == f"python3 -m lab.peers --out {out}/peers.json"
+    run = subprocess.run(["bash", GPU_RUN, "peers", "cli"], capture_output=True, text=True, cwd=root,
+                         timeout=120, env=env)
+    assert run.returncode == 1 and ".device/setup.sh" in run.stderr, run.stdout + run.stderr
+
+
 def test_peers_wheels_split_a_wheel_over_two_calls_and_join_it_back(tmp_path):
     """lab.peers_wheels: a wheel larger than a call goes into two folders of
     at most a call each (tar.xz, cut), the other wheels beside its second
