@@ -21,6 +21,7 @@ norm, after MLX's add for the add ops, its backward through mx.vjp.
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import mlx.core as mx
@@ -65,8 +66,6 @@ def peers_here(path, gpu):
     """QuACK's figures of ``lab.peers`` (JSON at path) as {(M, N): {(op,
     direction): us}}, where they were measured on this GPU (its name is
     ``gpu``); None where the file's GPU is another."""
-    import json
-
     with open(path) as fh:
         data = json.load(fh)
     if data.get("gpu") != gpu:
@@ -205,10 +204,11 @@ def run(args, device, dtype, shapes):
     print(f"device: {device_name(device)}, dtype: {args.dtype}, section: large-n, {len(run_list)} "
           f"shapes x {len(OPS)} ops x 2 directions, {per_eval(args.calls, args.chain)}, "
           f"{args.repeats} interleaved repeats (+1 warm-up)", flush=True)
-    peers = peers_here(args.peers, device_name(device)) if getattr(args, "peers", None) else None
-    if getattr(args, "peers", None):
-        print(f"QuACK's figures: {args.peers}" + (" (this GPU)" if peers is not None else
-                                                   " is of another GPU: the H200 table instead"))
+    peers_file = getattr(args, "peers", None)
+    peers = peers_here(peers_file, device_name(device)) if peers_file else None
+    if peers_file:
+        print(f"QuACK's figures: {peers_file}" + (" (this GPU)" if peers is not None else
+                                                  " is of another GPU: the H200 table instead"))
     rows, base, elapsed = run_own_section(
         "large-n", [("x".join(map(str, shape)),
                      lambda shape=shape: run_case(shape, dtype, args.calls, args.repeats, args.singles,
