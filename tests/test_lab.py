@@ -73,6 +73,15 @@ def test_lab_command_lines_parse(module):
     assert out.stdout.startswith("usage:")
 
 
+def test_peers_times_the_shapes_of_bench_large_n():
+    """lab.peers keeps its own copy of the shapes (it runs where MLX may not
+    be installed): the same as bench --large-n's, or its figures miss rows."""
+    from lab import peers
+    from mlx_rmsnorm.bench import large_n
+
+    assert peers.SHAPES == large_n.SHAPES
+
+
 def test_peers_against_prints_a_bench_run_with_quack_of_its_gpu(tmp_path):
     """lab.peers --against: a bench --large-n run's lines with QuACK's
     figures of the same GPU and the ratio; refused for another GPU's."""
