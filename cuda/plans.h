@@ -46,6 +46,9 @@ struct RowPlan {
                        // least (caps the grid, so the partial rows)
   int min_blocks = 0;  // blocks a SM the kernel's registers must allow
                        // (__launch_bounds__); 0: no cap
+  bool w_smem = false;  // forward, cluster rows: w (in x's dtype) copied into
+                        // shared memory ahead of x's loads and read there
+                        // after the sums, not fetched from L2 after them
   int family = 90;  // backward: the plan family whose table holds the row
                     // (90, or 80 for the rows of families 80 and 75); its
                     // kernel is built for that family's architectures only
@@ -65,6 +68,7 @@ struct RowMaker {
   constexpr RowMaker cluster(int v) const { return with(&RowPlan::cluster, v); }
   constexpr RowMaker persistent(bool v) const { return with(&RowPlan::persistent, v); }
   constexpr RowMaker min_blocks(int v) const { return with(&RowPlan::min_blocks, v); }
+  constexpr RowMaker w_smem(bool v = true) const { return with(&RowPlan::w_smem, v); }
   constexpr operator RowPlan() const { return p; }
 
  private:
@@ -99,6 +103,12 @@ constexpr int row_for(const RowPlan (&table)[K], int nvec) {
 inline std::size_t persistent_smem(const RowPlan& p, int nvec, int g_per_x) {
   const std::size_t slice = (nvec + p.cluster - 1) / p.cluster;
   return std::size_t(p.stages) * (p.block / p.group) * slice * 16 * (1 + g_per_x);
+}
+
+// Dynamic shared memory of one forward block: its slice of w when the row
+// stages it (RowPlan::w_smem), 16 bytes a vector a thread holds.
+constexpr std::size_t forward_smem(const RowPlan& p) {
+  return p.w_smem ? std::size_t(p.block) * p.chunks * 16 : 0;
 }
 
 // A row of families 80 and 75: per-thread copies instead of the bulk copy
