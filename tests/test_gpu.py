@@ -294,6 +294,33 @@ def test_batch_invariant(op, n):
                 assert mx.array_equal(a, want).item(), (op, n, (lo, hi), k)
 
 
+# The forward's cluster rows (N past one block, sm_90) read w as x-typed
+# vectors where w is in x's dtype at an aligned base (staged in shared memory
+# where the row says so: plans.h RowPlan::w_smem), and widened as it arrives
+# otherwise (fp32 w, a view one element in, no w). Each read gives the same
+# fp32 values, so y has the same bits whichever runs.
+@pytest.mark.parametrize("offset", [0.0, 1.0], ids=["w", "1+w"])
+@pytest.mark.parametrize("n", [65536, 131072, 262144])
+def test_cluster_rows_read_w_every_way(n, offset):
+    x = random((5, n), mx.bfloat16, n)
+    w = random((n,), mx.bfloat16, n + 1, 0.5, 1.0)
+    w_view = mx.concatenate([w[:1], w])[1:]  # 2 bytes past an aligned base
+    with mx.stream(mx.gpu):
+        def y_of(wt):
+            y = mlx_rmsnorm.rms_norm(x, wt, 1e-5, offset=offset)
+            mx.eval(y)
+            return y.astype(mx.bfloat16)  # (fp32 w: an fp32 y, rounded once here)
+
+        y = y_of(w)
+        ref = ref_forward(x, w.astype(mx.float32) + offset, 1e-5)
+        assert rel_err(y, ref) <= TOL[mx.bfloat16]
+        for other in (w.astype(mx.float32), w_view):
+            assert mx.array_equal(y_of(other), y).item()
+        ones = mx.ones((n,), mx.bfloat16)
+        if offset == 0.0:
+            assert mx.array_equal(y_of(None), y_of(ones)).item()
+
+
 def test_gpu_family_is_the_built_code():
     """The planner's family is that of the code the GPU runs: a PTX-only
     build for compute_80 (or compute_75) on a Hopper GPU runs the family-80
