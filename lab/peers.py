@@ -131,9 +131,14 @@ def main(argv=None):
     p.add_argument("--shapes", default="", help="MxN,... (default: bench --large-n's)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of do_bench a figure")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--profile", metavar="NAME", default=None,
+                   help="time nothing: call NAME (e.g. 'rms_norm fwd') three times a shape, "
+                        "for Nsight Compute (the set-up launches QuACK's forwards once first)")
     args = p.parse_args(argv)
     if args.against:
         return against(args.against, args.out)
+    if args.profile is not None and args.profile not in NAMES:
+        raise SystemExit(f"--profile: one of {', '.join(repr(n) for n in NAMES)}")
 
     import quack
     import torch
@@ -145,6 +150,13 @@ def main(argv=None):
     print(f"device: {gpu}, torch {torch.__version__}, quack {getattr(quack, '__version__', '?')}, "
           f"dtype {args.dtype}, {len(shapes)} shapes, {args.rounds} rounds of do_bench (median)",
           flush=True)
+    if args.profile is not None:
+        for m, n in shapes:
+            fn = contenders(m, n, dtype)[args.profile]
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+        return 0
     figures = {}
     for m, n in shapes:
         check(m, n, dtype)

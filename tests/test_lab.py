@@ -82,6 +82,16 @@ def test_peers_times_the_shapes_of_bench_large_n():
     assert peers.SHAPES == large_n.SHAPES
 
 
+def test_peers_profile_names_a_contender():
+    """lab.peers --profile NAME (calls for Nsight Compute) refuses a name it
+    does not time, in one line, before it imports torch."""
+    out = _run(sys.executable, "-m", "lab.peers", "--profile", "rms_norm forward")
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines() == [
+        "--profile: one of 'copy fwd', 'copy bwd', 'rms_norm fwd', 'rms_norm bwd', "
+        "'layer_norm fwd', 'layer_norm bwd'"]
+
+
 def test_peers_against_prints_a_bench_run_with_quack_of_its_gpu(tmp_path):
     """lab.peers --against: a bench --large-n run's lines with QuACK's
     figures of the same GPU and the ratio; refused for another GPU's."""
