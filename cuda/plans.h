@@ -215,11 +215,14 @@ inline constexpr RowPlan kForward[] = {
     // (one block a SM at 55 registers) and half the blocks that wait on the
     // cluster's sums (H100: 2048x65536 94.4% of a copy against 77.5%,
     // 1024x131072 89.9% against 72.8%; 256 x 8 slices of 8 90.1%)
-    upto(8192).block(512).group(512).chunks(8).persistent(false).cluster(2).min_blocks(2),
-    upto(16384).block(512).group(512).chunks(8).persistent(false).cluster(4).min_blocks(2),
+    // w in x's dtype is staged in shared memory ahead of x (w_smem: 64 KiB a
+    // block, two blocks a SM), so its read no longer waits between a block's
+    // sums and its stores.
+    upto(8192).block(512).group(512).chunks(8).persistent(false).cluster(2).min_blocks(2).w_smem(),
+    upto(16384).block(512).group(512).chunks(8).persistent(false).cluster(4).min_blocks(2).w_smem(),
     // N <= 262144: the same slices, 8 blocks (H200 512x262144: 183 us, 69% of
     // the copy, against 208 looped; LayerNorm 189 against MLX's 401)
-    upto(32768).block(512).group(512).chunks(8).persistent(false).cluster(8).min_blocks(2),
+    upto(32768).block(512).group(512).chunks(8).persistent(false).cluster(8).min_blocks(2).w_smem(),
 };
 
 // The fused add's forward past N = 16384 (kForwardAddLongPast vectors) on

@@ -296,29 +296,40 @@ def test_batch_invariant(op, n):
 
 # The forward's cluster rows (N past one block, sm_90) read w as x-typed
 # vectors where w is in x's dtype at an aligned base (staged in shared memory
-# where the row says so: plans.h RowPlan::w_smem), and widened as it arrives
-# otherwise (fp32 w, a view one element in, no w). Each read gives the same
-# fp32 values, so y has the same bits whichever runs.
+# where the row says so, plans.h RowPlan::w_smem: RMSNorm, and LayerNorm
+# without b), and widened as it arrives otherwise (fp32 w, a view one element
+# in, no w). Each read gives the same fp32 values, so y has the same bits
+# whichever runs.
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 @pytest.mark.parametrize("offset", [0.0, 1.0], ids=["w", "1+w"])
 @pytest.mark.parametrize("n", [65536, 131072, 262144])
-def test_cluster_rows_read_w_every_way(n, offset):
+def test_cluster_rows_read_w_every_way(n, offset, op):
+    if op == "layer_norm" and offset:
+        pytest.skip("LayerNorm has no offset")
     x = random((5, n), mx.bfloat16, n)
     w = random((n,), mx.bfloat16, n + 1, 0.5, 1.0)
     w_view = mx.concatenate([w[:1], w])[1:]  # 2 bytes past an aligned base
     with mx.stream(mx.gpu):
         def y_of(wt):
-            y = mlx_rmsnorm.rms_norm(x, wt, 1e-5, offset=offset)
+            if op == "layer_norm":
+                y = mlx_rmsnorm.layer_norm(x, wt, None, 1e-5)
+            else:
+                y = mlx_rmsnorm.rms_norm(x, wt, 1e-5, offset=offset)
             mx.eval(y)
             return y.astype(mx.bfloat16)  # (fp32 w: an fp32 y, rounded once here)
 
         y = y_of(w)
-        ref = ref_forward(x, w.astype(mx.float32) + offset, 1e-5)
+        if op == "rms_norm":
+            ref = ref_forward(x, w.astype(mx.float32) + offset, 1e-5)
+        else:
+            xd = to_numpy(x)
+            d = xd - xd.mean(-1, keepdims=True)
+            ref = d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * to_numpy(w)
         assert rel_err(y, ref) <= TOL[mx.bfloat16]
         for other in (w.astype(mx.float32), w_view):
             assert mx.array_equal(y_of(other), y).item()
-        ones = mx.ones((n,), mx.bfloat16)
         if offset == 0.0:
-            assert mx.array_equal(y_of(None), y_of(ones)).item()
+            assert mx.array_equal(y_of(None), y_of(mx.ones((n,), mx.bfloat16))).item()
 
 
 def test_gpu_family_is_the_built_code():
