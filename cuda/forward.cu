@@ -24,17 +24,10 @@ using plans::kForwardOneWave;
 // looped kernel past that (planned_fwd_kernel, forward.cuh).
 // W_FIRST: w loaded beside x even where the table reads it after the
 // reduction (one wave of rows, below).
-// W_AS_X: w is in x's dtype at a 16-byte aligned base, so a row that stages
-// it in shared memory (RowPlan::w_smem) does; planned_fwd_smem sizes it.
-template <typename X, typename O, bool ADD, bool W_FIRST = false, bool W_AS_X = false>
+template <typename X, typename O, bool ADD, bool W_FIRST = false>
 const void* row_kernel(int row) {
   return planned_fwd_kernel<X, O, std::conditional_t<ADD, AddRmsRow, RmsRow>, kForward,
-                            W_FIRST, W_AS_X>(row);
-}
-
-// w as x-typed vectors: given, in x's dtype, at a 16-byte aligned base.
-bool w_as_x(const FwdArgs& a) {
-  return a.w != nullptr && a.w_dtype == a.x_dtype && reinterpret_cast<uintptr_t>(a.w) % 16 == 0;
+                            W_FIRST>(row);
 }
 
 template <typename X, typename O, int VEC, bool ADD>
@@ -93,20 +86,16 @@ Plan plan_forward(const FwdArgs& a) {
       // A row a cluster (sm_90 on): a block per slice, a cluster per row.
       // (the fused add has no kernel of kForward's cluster rows: past
       // kAddRmsLongMax it takes the looped kernel)
-      const bool as_x = !add && w_as_x(a);
       const void* fn =
           add_long >= 0 ? add_long_kernel<X, O, AddRmsRow, false,
                                           plans::add_long_rows(plans::kAddRmsLongMax)>(add_long)
           : add         ? row_kernel<X, O, true>(row)
-          : as_x        ? row_kernel<X, O, false, false, true>(row)
                         : row_kernel<X, O, false>(row);
-      const unsigned smem =
-          add_long < 0 && as_x ? planned_fwd_smem<RmsRow, kForward, true>(row) : 0u;
-      if (fn == nullptr || !clusters || detail::clusters_resident(fn, cfg.block, smem) == 0)
+      if (fn == nullptr || !clusters || detail::clusters_resident(fn, cfg.block, 0) == 0)
         return looped(std::integral_constant<int, full>{});
       const int64_t grid =
           std::min<int64_t>(a.rows, std::numeric_limits<int32_t>::max() / cfg.cluster);
-      p.calls.push_back(detail::make_call(fn, dim3(grid * cfg.cluster), dim3(cfg.block), smem,
+      p.calls.push_back(detail::make_call(fn, dim3(grid * cfg.cluster), dim3(cfg.block), 0,
                                           "fwd_rows_cluster", cfg.cluster));
       return;
     }

@@ -47,21 +47,10 @@ namespace rmsnorm {
 // slice of its columns; the blocks' sums of squares cross the cluster in
 // distributed shared memory and are added in rank order, so every block
 // scales by the same rstd and a row is read once (fwd_looped reads it twice).
-//
-// W_SMEM (cluster rows, w in x's dtype at a 16-byte aligned base, no b; the
-// planner checks): each thread copies the vectors of w it will use into
-// dynamic shared memory (plans::forward_smem) before it issues x's loads,
-// and reads them there after the cluster's sums. Read from L2 after the sums
-// instead, w's round trip sits between a block's loads and its stores, when
-// the block moves no bytes; staged, it arrives while x does, in no
-// registers. A thread reads back only what it copied: no barrier.
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT, typename Row, bool W_AS_X = false, int CLUSTER = 1,
-          bool W_SMEM = false>
+          bool PERSISTENT, typename Row, bool W_AS_X = false, int CLUSTER = 1>
 __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   static_assert(!(W_AS_X && PERSISTENT), "the persistent rows keep fp32 w in registers");
-  static_assert(!W_SMEM || (CLUSTER > 1 && !PERSISTENT && !W_AS_X && !Row::kBias),
-                "w staged in shared memory: a cluster row's w, read after the sums");
   // A shifted row (LayerRow) takes its shift from the row's first vector in
   // global memory (kFirst, below), so every block of a cluster has the same.
   static_assert(CLUSTER == 1 || (GROUP == BLOCK && GROUP > 32 && Row::kFwdPasses == 1),
@@ -90,8 +79,6 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   constexpr bool kFirst = Row::kShift && GROUP > 32;
   __shared__ float2 red[32];
   __shared__ float2 slice_sums[2];  // CLUSTER: this block's sums, by step parity
-  extern __shared__ __align__(16) unsigned char dynamic_smem[];
-  XV* const w_stage = reinterpret_cast<XV*>(dynamic_smem);  // W_SMEM: w's vectors
   const int n = a.n;
   // This block's columns: vectors [v0, v0 + nvec) of the row (all of it
   // without a cluster); row pointers below start at v0.
@@ -187,7 +174,6 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
     };
     pass(std::integral_constant<int, 0>{});
     if constexpr (Row::kFwdPasses > 1) pass(std::integral_constant<int, 1>{});
-    if constexpr (W_SMEM) __pipeline_wait_prior(0);  // this thread's copies of w
     if (!valid) return;
     OV* yr = reinterpret_cast<OV*>(static_cast<O*>(a.y) + row * n) + v0;
     XV* hr = reinterpret_cast<XV*>(static_cast<X*>(a.h) + row * n) + v0;  // kExtra
@@ -198,10 +184,8 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
         if constexpr (kExtra) hr[v] = xv[j];  // the row value: h
         float(&wj)[VEC] = w[PERSISTENT ? j : 0];
         float(&bj)[VEC] = b[PERSISTENT && Row::kBias ? j : 0];
-        XV wv, bv;  // W_AS_X, W_SMEM: w and b as stored, widened below
-        if constexpr (W_SMEM) {
-          wv = w_stage[j * GROUP + lane];
-        } else if constexpr (W_AS_X) {
+        XV wv, bv;  // W_AS_X: w and b as stored, widened below
+        if constexpr (W_AS_X) {
           wv = static_cast<const XV*>(a.w)[v0 + v];
           if constexpr (Row::kBias) bv = static_cast<const XV*>(a.b)[v0 + v];
         } else if constexpr (!PERSISTENT) {
@@ -212,9 +196,7 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
         OV out;
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const float wk = W_SMEM   ? element(wv, k) + a.offset
-                           : W_AS_X ? to_float(wv.v[k]) + a.offset
-                                    : wj[k];
+          const float wk = W_AS_X ? to_float(wv.v[k]) + a.offset : wj[k];
           float bk = 0.f;
           if constexpr (Row::kBias) bk = W_AS_X ? to_float(bv.v[k]) : bj[k];
           out.v[k] = from_float<O>(Row::y(element(xv[j], k), wk, bk, st));
@@ -227,14 +209,6 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   // The first rows go out before w is read: w (from L2 after the first
   // blocks) then arrives while x is in flight.
   XV cur[CHUNKS], next[CHUNKS];
-  if constexpr (W_SMEM) {  // (the copies go first: they hold no registers)
-#pragma unroll
-    for (int j = 0; j < CHUNKS; ++j) {
-      const int v = j * GROUP + lane;
-      if (v < nvec) copy_async(&w_stage[j * GROUP + lane], static_cast<const XV*>(a.w) + v0 + v);
-    }
-    __pipeline_commit();
-  }
   load(cur, first);
   if constexpr (PERSISTENT) {
 #pragma unroll
@@ -285,14 +259,13 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) fwd_rows_capped(const FwdAr
 
 // (MIN_BLOCKS 0: no cap beyond one block a SM, which BLOCK alone sets)
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
-          bool PERSISTENT, int CLUSTER, int MIN_BLOCKS, typename Row, bool W_AS_X,
-          bool W_SMEM = false>
+          bool PERSISTENT, int CLUSTER, int MIN_BLOCKS, typename Row, bool W_AS_X>
 __global__ void RMSNORM_CLUSTER_DIMS(CLUSTER)
     __launch_bounds__(BLOCK, MIN_BLOCKS > 0 ? MIN_BLOCKS : 1) fwd_rows_cluster(const FwdArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // no clusters before sm_90: the planners never launch it there
 #else
-  fwd_rows_body<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row, W_AS_X, CLUSTER, W_SMEM>(a);
+  fwd_rows_body<X, O, BLOCK, GROUP, CHUNKS, STAGES, PERSISTENT, Row, W_AS_X, CLUSTER>(a);
 #endif
 }
 
@@ -301,15 +274,14 @@ __global__ void RMSNORM_CLUSTER_DIMS(CLUSTER)
 // the register cap (MIN_BLOCKS 0) or read w and b as x (W_AS_X).
 template <typename X, typename O, typename Row, const auto& Table, std::size_t I,
           bool PERSISTENT = Table[I].persistent, int MIN_BLOCKS = Table[I].min_blocks,
-          bool W_AS_X = false, bool W_SMEM = Table[I].w_smem>
+          bool W_AS_X = false>
 const void* fwd_kernel_for() {
   constexpr int kBlock = Table[I].block, kGroup = Table[I].group, kChunks = Table[I].chunks,
                 kStages = Table[I].stages, kCluster = Table[I].cluster;
-  static_assert(!W_SMEM || kCluster > 1, "w is staged on cluster rows only");
   if constexpr (kCluster > 1) {
     return reinterpret_cast<const void*>(
         &fwd_rows_cluster<X, O, kBlock, kGroup, kChunks, kStages, PERSISTENT, kCluster,
-                          MIN_BLOCKS, Row, W_AS_X, W_SMEM>);
+                          MIN_BLOCKS, Row, W_AS_X>);
   } else if constexpr (MIN_BLOCKS > 0) {
     return reinterpret_cast<const void*>(
         &fwd_rows_capped<X, O, kBlock, kGroup, kChunks, kStages, PERSISTENT, MIN_BLOCKS, Row,
@@ -338,27 +310,18 @@ const void* fwd_kernel_for(int row) {
 // - W_FIRST: w loaded beside x (PERSISTENT's read) on rows of one block of at
 //   most 512 threads (1024 threads' 64 registers cannot hold it: spills);
 // - W_AS_X: w and b read in x's dtype on the rows that read them per step
-//   (the persistent rows keep them in fp32 registers either way); on a row
-//   that stages w (RowPlan::w_smem) w is copied into shared memory instead,
-//   where the norm has no b (with b it is read as x: the two slices would
-//   halve the blocks a SM). The caller launches it with
-//   planned_fwd_smem(row).
-template <typename Row, const auto& Table, bool W_AS_X, std::size_t I>
-constexpr bool stages_w() {
-  return Table[I].w_smem && W_AS_X && !Row::kBias && Row::kExtraIn == 0;
-}
+//   (the persistent rows keep them in fp32 registers either way).
 template <typename X, typename O, typename Row, const auto& Table, bool W_FIRST, bool W_AS_X,
           std::size_t I>
 const void* planned_fwd_kernel() {
   constexpr const plans::RowPlan& c = Table[I];
   constexpr bool kAdd = Row::kExtraIn > 0;
-  constexpr bool kStage = stages_w<Row, Table, W_AS_X, I>();
   if constexpr (kAdd && c.cluster > 1) {
     return nullptr;
   } else {
     return fwd_kernel_for<X, O, Row, Table, I,
                           c.persistent || (W_FIRST && c.block <= 512 && c.cluster == 1),
-                          kAdd ? 0 : c.min_blocks, W_AS_X && !c.persistent && !kStage, kStage>();
+                          kAdd ? 0 : c.min_blocks, W_AS_X && !c.persistent>();
   }
 }
 template <typename X, typename O, typename Row, const auto& Table, bool W_FIRST = false,
@@ -367,13 +330,6 @@ const void* planned_fwd_kernel(int row) {
   return kernel_by_row<std::size(Table)>(row, [](auto i) {
     return planned_fwd_kernel<X, O, Row, Table, W_FIRST, W_AS_X, decltype(i)::value>();
   });
-}
-// The dynamic shared memory that kernel takes.
-template <typename Row, const auto& Table, bool W_AS_X = false>
-unsigned planned_fwd_smem(int row) {
-  const plans::RowPlan& c = Table[row];
-  const bool stage = c.w_smem && W_AS_X && !Row::kBias && Row::kExtraIn == 0;
-  return stage ? unsigned(plans::forward_smem(c)) : 0u;
 }
 
 // The fused add's kernel of plans::kForwardAddLong's row (sm_90, past N =
@@ -388,7 +344,7 @@ const void* add_long_kernel(int row) {
   return kernel_by_row<ROWS>(row, [](auto i) {
     constexpr const plans::RowPlan& c = kForwardAddLong[decltype(i)::value];
     return fwd_kernel_for<X, O, Row, kForwardAddLong, decltype(i)::value, c.persistent,
-                          c.min_blocks, W_AS_X && !c.persistent, false>();
+                          c.min_blocks, W_AS_X && !c.persistent>();
   });
 }
 

@@ -38,19 +38,14 @@ const void* forward_kernel(int row) {
 // bias (WithoutBias: no branch for b, whose registers such rows lost).
 enum class WeightRead { kGeneral, kAsX, kAsXNoBias };
 
-// The forward's plan row, kernel and dynamic shared memory for rows of n, or
-// nulls where LayerNorm has none: past the table, and cluster rows where the
-// GPU has no clusters or none fits.
-struct ForwardChoice {
-  const plans::RowPlan* cfg = nullptr;
-  const void* fn = nullptr;
-  unsigned smem = 0;
-};
+// The forward's plan row and kernel for rows of n, or nulls where LayerNorm
+// has none: past the table, and cluster rows where the GPU has no clusters or
+// none fits.
 template <typename X, typename O>
-ForwardChoice forward_row(int n, bool add, WeightRead read) {
+std::pair<const plans::RowPlan*, const void*> forward_row(int n, bool add, WeightRead read) {
   constexpr int full = 16 / sizeof(X);
   const int row = n % full == 0 ? plans::row_for(kLayerForward, n / full) : -1;
-  if (row < 0) return {};
+  if (row < 0) return {nullptr, nullptr};
   const bool clusters = detail::target().family >= 90;
   const int add_long = add && clusters ? plans::add_long_row(n / full) : -1;
   const plans::RowPlan& cfg =
@@ -67,15 +62,10 @@ ForwardChoice forward_row(int n, bool add, WeightRead read) {
                        ? kernel(std::true_type{}, WithoutBias<LayerRow>{})
                    : read == WeightRead::kAsX ? kernel(std::true_type{}, LayerRow{})
                                               : kernel(std::false_type{}, LayerRow{});
-  // (w staged in shared memory: a LayerNorm without b, on its own rows)
-  const unsigned smem =
-      add_long < 0 && !add && read == WeightRead::kAsXNoBias
-          ? planned_fwd_smem<WithoutBias<LayerRow>, kLayerForward, true>(row)
-          : 0u;
   if (fn == nullptr ||
-      (cfg.cluster > 1 && (!clusters || detail::clusters_resident(fn, cfg.block, smem) == 0)))
-    return {};
-  return {&cfg, fn, smem};
+      (cfg.cluster > 1 && (!clusters || detail::clusters_resident(fn, cfg.block, 0) == 0)))
+    return {nullptr, nullptr};
+  return {&cfg, fn};
 }
 
 // The read of w and b that the forward's arguments allow: as x where w (and
@@ -153,7 +143,7 @@ bool layer_norm_planned(DType x_dtype, DType g_dtype, int n, bool add) {
   detail::with_types(x_dtype, g_dtype, [&](auto tx, auto tg) {
     using X = typename decltype(tx)::type;
     using G = typename decltype(tg)::type;
-    ok = forward_row<X, G>(n, add, WeightRead::kGeneral).cfg != nullptr &&
+    ok = forward_row<X, G>(n, add, WeightRead::kGeneral).first != nullptr &&
          (add ? choose_backward<X, G, true>(n) : choose_backward<X, G, false>(n)).units > 0;
   });
   return ok;
@@ -169,13 +159,13 @@ Plan plan_layer_forward(const FwdArgs& a) {
   detail::with_types(a.x_dtype, a.y_dtype, [&](auto tx, auto to) {
     using X = typename decltype(tx)::type;
     using O = typename decltype(to)::type;
-    const auto [cfg, fn, smem] = forward_row<X, O>(a.n, add, weight_read(a));
+    const auto [cfg, fn] = forward_row<X, O>(a.n, add, weight_read(a));
     if (vec != 16 / static_cast<int>(sizeof(X)) || cfg == nullptr) no_plan("forward", a.n);
     if (cfg->cluster > 1) {
       // A row a cluster: a block per slice, a cluster per row.
       const int64_t grid =
           std::min<int64_t>(a.rows, std::numeric_limits<int32_t>::max() / cfg->cluster);
-      p.calls.push_back(make_call(fn, dim3(grid * cfg->cluster), dim3(cfg->block), smem,
+      p.calls.push_back(make_call(fn, dim3(grid * cfg->cluster), dim3(cfg->block), 0,
                                   "layer_fwd_rows_cluster", cfg->cluster));
       return;
     }

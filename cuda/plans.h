@@ -46,9 +46,6 @@ struct RowPlan {
                        // least (caps the grid, so the partial rows)
   int min_blocks = 0;  // blocks a SM the kernel's registers must allow
                        // (__launch_bounds__); 0: no cap
-  bool w_smem = false;  // forward, cluster rows: w (in x's dtype) copied into
-                        // shared memory ahead of x's loads and read there
-                        // after the sums, not fetched from L2 after them
   int family = 90;  // backward: the plan family whose table holds the row
                     // (90, or 80 for the rows of families 80 and 75); its
                     // kernel is built for that family's architectures only
@@ -68,7 +65,6 @@ struct RowMaker {
   constexpr RowMaker cluster(int v) const { return with(&RowPlan::cluster, v); }
   constexpr RowMaker persistent(bool v) const { return with(&RowPlan::persistent, v); }
   constexpr RowMaker min_blocks(int v) const { return with(&RowPlan::min_blocks, v); }
-  constexpr RowMaker w_smem(bool v = true) const { return with(&RowPlan::w_smem, v); }
   constexpr operator RowPlan() const { return p; }
 
  private:
@@ -103,12 +99,6 @@ constexpr int row_for(const RowPlan (&table)[K], int nvec) {
 inline std::size_t persistent_smem(const RowPlan& p, int nvec, int g_per_x) {
   const std::size_t slice = (nvec + p.cluster - 1) / p.cluster;
   return std::size_t(p.stages) * (p.block / p.group) * slice * 16 * (1 + g_per_x);
-}
-
-// Dynamic shared memory of one forward block: its slice of w when the row
-// stages it (RowPlan::w_smem), 16 bytes a vector a thread holds.
-constexpr std::size_t forward_smem(const RowPlan& p) {
-  return p.w_smem ? std::size_t(p.block) * p.chunks * 16 : 0;
 }
 
 // A row of families 80 and 75: per-thread copies instead of the bulk copy
@@ -215,14 +205,11 @@ inline constexpr RowPlan kForward[] = {
     // (one block a SM at 55 registers) and half the blocks that wait on the
     // cluster's sums (H100: 2048x65536 94.4% of a copy against 77.5%,
     // 1024x131072 89.9% against 72.8%; 256 x 8 slices of 8 90.1%)
-    // w in x's dtype is staged in shared memory ahead of x (w_smem: 64 KiB a
-    // block, two blocks a SM), so its read no longer waits between a block's
-    // sums and its stores.
-    upto(8192).block(512).group(512).chunks(8).persistent(false).cluster(2).min_blocks(2).w_smem(),
-    upto(16384).block(512).group(512).chunks(8).persistent(false).cluster(4).min_blocks(2).w_smem(),
+    upto(8192).block(512).group(512).chunks(8).persistent(false).cluster(2).min_blocks(2),
+    upto(16384).block(512).group(512).chunks(8).persistent(false).cluster(4).min_blocks(2),
     // N <= 262144: the same slices, 8 blocks (H200 512x262144: 183 us, 69% of
     // the copy, against 208 looped; LayerNorm 189 against MLX's 401)
-    upto(32768).block(512).group(512).chunks(8).persistent(false).cluster(8).min_blocks(2).w_smem(),
+    upto(32768).block(512).group(512).chunks(8).persistent(false).cluster(8).min_blocks(2),
 };
 
 // The fused add's forward past N = 16384 (kForwardAddLongPast vectors) on

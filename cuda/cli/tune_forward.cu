@@ -118,11 +118,6 @@ constexpr RowPlan kCandidates[] = {
     upto(8192).block(256).group(256).chunks(4).persistent(B).cluster(8),
     upto(8192).block(1024).group(1024).chunks(2).persistent(B).cluster(4),
     upto(8192).block(1024).group(1024).chunks(4).persistent(B).cluster(2),
-    // w staged in shared memory ahead of x (RowPlan::w_smem), at the table's
-    // slices and at more, smaller blocks a SM
-    upto(8192).block(512).group(512).chunks(8).persistent(B).cluster(2).min_blocks(2).w_smem(),
-    upto(8192).block(512).group(512).chunks(4).persistent(B).cluster(4).min_blocks(3).w_smem(),
-    upto(8192).block(256).group(256).chunks(8).persistent(B).cluster(4).min_blocks(4).w_smem(),
     // N = 131072 (16384)
     upto(16384).block(512).group(512).chunks(4).persistent(B).cluster(8),
     upto(16384).block(512).group(512).chunks(4).persistent(B).cluster(8).min_blocks(3),
@@ -134,19 +129,12 @@ constexpr RowPlan kCandidates[] = {
     upto(16384).block(1024).group(1024).chunks(2).persistent(B).cluster(8),
     upto(16384).block(256).group(256).chunks(8).persistent(B).cluster(8),
     upto(16384).block(1024).group(1024).chunks(4).persistent(B).cluster(4),
-    upto(16384).block(512).group(512).chunks(8).persistent(B).cluster(4).min_blocks(2).w_smem(),
-    upto(16384).block(512).group(512).chunks(4).persistent(B).cluster(8).min_blocks(3).w_smem(),
-    upto(16384).block(256).group(256).chunks(8).persistent(B).cluster(8).min_blocks(4).w_smem(),
     // N = 262144 (32768): the table's 512 x 8 slices of 8 (capped, two
     // blocks a SM) against slices of 16 (non-portable) and 1024-thread slices
     upto(32768).block(512).group(512).chunks(8).persistent(B).cluster(8).min_blocks(2),
     upto(32768).block(512).group(512).chunks(4).persistent(B).cluster(16).min_blocks(3),
     upto(32768).block(256).group(256).chunks(8).persistent(B).cluster(16).min_blocks(4),
     upto(32768).block(1024).group(1024).chunks(4).persistent(B).cluster(8),
-    upto(32768).block(512).group(512).chunks(8).persistent(B).cluster(8).min_blocks(2).w_smem(),
-    upto(32768).block(512).group(512).chunks(4).persistent(B).cluster(16).min_blocks(3).w_smem(),
-    upto(32768).block(256).group(256).chunks(8).persistent(B).cluster(16).min_blocks(4).w_smem(),
-    upto(32768).block(1024).group(1024).chunks(4).persistent(B).cluster(8).w_smem(),
 };
 constexpr int kCount = sizeof(kCandidates) / sizeof(kCandidates[0]);
 
@@ -197,11 +185,8 @@ int main(int argc, char** argv) {
       // persistent row (a cluster's w-first row both ways, its stages 2 row
       // resident only).
       std::vector<std::pair<int64_t, const char*>> grids;
-      const unsigned smem = unsigned(rmsnorm::plans::forward_smem(p));
-      if (smem > 0)
-        CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
       if (p.cluster > 1) {
-        const int64_t resident = std::min<int64_t>(steps, rmsnorm::detail::clusters_resident(fn, p.block, smem));
+        const int64_t resident = std::min<int64_t>(steps, rmsnorm::detail::clusters_resident(fn, p.block, 0));
         if (p.stages == 1) grids.push_back({steps * p.cluster, "a row a cluster"});
         if (p.persistent || p.stages > 1) grids.push_back({resident * p.cluster, "resident"});
       } else if (p.persistent) {
@@ -216,7 +201,7 @@ int main(int argc, char** argv) {
         rmsnorm::FwdArgs a{x, w, y, m, n, 1e-5f, rmsnorm::DType::BF16, rmsnorm::DType::BF16,
                            rmsnorm::DType::BF16};
         void* params[] = {&a};
-        auto run = [&] { CHECK(cudaLaunchKernel(fn, dim3(grid), dim3(p.block), params, smem, 0)); };
+        auto run = [&] { CHECK(cudaLaunchKernel(fn, dim3(grid), dim3(p.block), params, 0, 0)); };
         const double us = cli::median_us(iters, run);
         CHECK(cudaMemset(y, 0xff, count * 2));
         run();
@@ -226,8 +211,7 @@ int main(int argc, char** argv) {
         char cap[16] = "";
         if (p.min_blocks > 0) std::snprintf(cap, sizeof cap, ",m%d", p.min_blocks);
         std::snprintf(name, sizeof name, "{%d,%d,%d,%d,%s,c%d%s%s%s}", p.block, p.group,
-                      p.chunks, p.stages,
-                      p.w_smem ? "w smem" : p.persistent ? "w first" : "w late", p.cluster, cap,
+                      p.chunks, p.stages, p.persistent ? "w first" : "w late", p.cluster, cap,
                       *how ? "," : "", how);
         std::printf("%-12s %-40s %6lld %9.1f %7.0f %7.1f %s\n", "", name, (long long)grid, us,
                     bytes / us / 1e3, 100.0 * ceil_us / us, cli::check_y(ref, hy, status).c_str());
