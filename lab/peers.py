@@ -13,6 +13,10 @@ with QuACK's figures and the ratio (no GPU needed):
 
     python3 -m lab.peers --against bench_bfloat16_large-n.json --out peers.json
 
+or, for Nsight Compute, one contender called three times a shape, untimed:
+
+    ncu -k regex:'(?i)norm' python3 -m lab.peers --profile 'rms_norm fwd' --shapes 1024x131072
+
 Each figure is triton's ``do_bench`` median (CUDA events; --rounds rounds,
 interleaved over the contenders, median and [min-max] of the rounds), as
 the peers time themselves: QuACK's public calls as a torch user makes them
