@@ -150,17 +150,17 @@ def main(argv=None):
     dtype = getattr(torch, args.dtype)
     shapes = ([tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
               if args.shapes else SHAPES)
-    gpu = torch.cuda.get_device_name()
-    print(f"device: {gpu}, torch {torch.__version__}, quack {getattr(quack, '__version__', '?')}, "
-          f"dtype {args.dtype}, {len(shapes)} shapes, {args.rounds} rounds of do_bench (median)",
-          flush=True)
-    if args.profile is not None:
+    if args.profile is not None:  # (before the timing run's header: nothing is timed)
         for m, n in shapes:
             fn = contenders(m, n, dtype)[args.profile]
             for _ in range(3):
                 fn()
             torch.cuda.synchronize()
         return 0
+    gpu = torch.cuda.get_device_name()
+    print(f"device: {gpu}, torch {torch.__version__}, quack {getattr(quack, '__version__', '?')}, "
+          f"dtype {args.dtype}, {len(shapes)} shapes, {args.rounds} rounds of do_bench (median)",
+          flush=True)
     figures = {}
     for m, n in shapes:
         check(m, n, dtype)

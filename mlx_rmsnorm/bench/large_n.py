@@ -190,11 +190,11 @@ def format_row(r, on_h200=True):
             f"ceiling {r['ceiling_us']:7.1f} us  {r['pct_ceiling']:3.0f}%  "
             f"built-in {r['builtin_us']:7.1f} us ({r['x_builtin']:4.2f}x)")
     q = r.get("quack_us")
-    if q is not None and r.get("quack_here"):
-        line += f"  QuACK {q:6.1f} us (torch, this GPU; ours/QuACK {r['us'] / q:4.2f})"
-    elif q is not None:
-        line += (f"  QuACK {q:4.0f} us (torch, H200; ours/QuACK {r['us'] / q:4.2f})" if on_h200
-                 else f"  QuACK {q:4.0f} us (torch, H200; not this GPU: no ratio)")
+    if q is not None:
+        here = r.get("quack_here")
+        figure = f"{q:6.1f} us (torch, this GPU" if here else f"{q:4.0f} us (torch, H200"
+        ratio = f"ours/QuACK {r['us'] / q:4.2f}" if here or on_h200 else "not this GPU: no ratio"
+        line += f"  QuACK {figure}; {ratio})"
     return line
 
 
