@@ -299,6 +299,17 @@ __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar,
 #endif
 }
 
+// A float2 summed over the 32 lanes of a warp (xor butterfly: every lane
+// gets the same bits).
+__device__ __forceinline__ float2 warp_sum(float2 v) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    v.x += __shfl_xor_sync(0xffffffffu, v.x, off);
+    v.y += __shfl_xor_sync(0xffffffffu, v.y, off);
+  }
+  return v;
+}
+
 // Sum of a float2 over GROUP consecutive threads; every thread of the group
 // gets the total. GROUP <= 32 stays inside a warp (shuffles only); a larger
 // GROUP must be the whole block and goes through `smem` (one float2 per warp).
@@ -410,6 +421,78 @@ __device__ __forceinline__ void cluster_barrier() {
   cooperative_groups::this_cluster().sync();
 #else
   __trap();
+#endif
+}
+
+// A cluster's sums pushed, not pulled (sm_90 on): every warp stores its sum
+// into a slot of every block of the cluster (st.async, counted in bytes on
+// the receiving block's mbarrier), and each block waits on its own mbarrier
+// only, then adds the CLUSTER * WARPS slots in a fixed order: no block
+// barrier and no blocking cluster barrier a row, and every block gets the
+// same bits. Slots and mbarriers come in two sets by step parity: a block
+// pushes step t + 1 into one set while a slower block still reads step t's
+// from the other, and no block reaches step t + 2 before all have pushed
+// step t + 1, which each does only after reading step t's.
+template <int CLUSTER, int WARPS>
+struct PushedSums {
+  float2 slot[2][CLUSTER * WARPS];  // [parity][rank * WARPS + warp]
+  unsigned long long bar[2];
+};
+
+// Every thread, once, before the first pushed_sum: thread 0 sets up the
+// mbarriers, and the cluster is told so by an arrive whose wait comes with
+// the first push (pushed_sum(first)), after this block's first loads.
+template <int CLUSTER, int WARPS>
+__device__ __forceinline__ void pushed_sums_init(PushedSums<CLUSTER, WARPS>& ps) {
+#if __CUDA_ARCH__ >= 900
+  if (threadIdx.x == 0) {
+    for (auto& bar : ps.bar)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// The cluster's total of the warps' sums `v` (each warp's lanes hold the
+// same v, as warp_sum leaves them) at step `step` of the walk; `first`: the
+// walk's first step. Every thread of every block of the cluster calls it,
+// the same steps.
+template <int CLUSTER, int WARPS>
+__device__ __forceinline__ float2 pushed_sum(float2 v, PushedSums<CLUSTER, WARPS>& ps,
+                                             int64_t step, bool first) {
+#if __CUDA_ARCH__ < 900
+  __trap();
+  return v;
+#else
+  static_assert(CLUSTER <= 32, "a lane a peer");
+  const int set = static_cast<int>(step & 1);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // (the peers' mbarriers are set up: pushed_sums_init's arrive)
+  if (first) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+  if (threadIdx.x == 0) bulk_expect(&ps.bar[set], CLUSTER * WARPS * sizeof(float2));
+  if (lane < CLUSTER) {
+    unsigned rank;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    unsigned slot, bar;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;"
+        : "=r"(slot)
+        : "r"(smem_addr(&ps.slot[set][rank * WARPS + warp])), "r"(lane));
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(smem_addr(&ps.bar[set])), "r"(lane));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+                 ::"r"(slot), "f"(v.x), "f"(v.y), "r"(bar)
+                 : "memory");
+  }
+  mbarrier_wait(&ps.bar[set], static_cast<unsigned>((step >> 1) & 1));
+  float2 total = make_float2(0.f, 0.f);
+#pragma unroll
+  for (int i = lane; i < CLUSTER * WARPS; i += 32) {
+    total.x += ps.slot[set][i].x;
+    total.y += ps.slot[set][i].y;
+  }
+  return warp_sum(total);
 #endif
 }
 

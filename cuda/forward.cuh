@@ -44,9 +44,11 @@ namespace rmsnorm {
 //
 // CLUSTER > 1 (sm_90 on; rows past what one block holds in registers): a
 // row a step spans a thread-block cluster, each block holding a contiguous
-// slice of its columns; the blocks' sums of squares cross the cluster in
-// distributed shared memory and are added in rank order, so every block
-// scales by the same rstd and a row is read once (fwd_looped reads it twice).
+// slice of its columns; every warp pushes its sums into every block's
+// shared memory and each block adds them in a fixed order (pushed_sum,
+// common.cuh: no block barrier and no blocking cluster barrier a row), so
+// every block scales by the same rstd and a row is read once (fwd_looped
+// reads it twice).
 template <typename X, typename O, int BLOCK, int GROUP, int CHUNKS, int STAGES,
           bool PERSISTENT, typename Row, bool W_AS_X = false, int CLUSTER = 1>
 __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
@@ -78,7 +80,10 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   // w and b), and registers set these rows' occupancy.
   constexpr bool kFirst = Row::kShift && GROUP > 32;
   __shared__ float2 red[32];
-  __shared__ float2 slice_sums[2];  // CLUSTER: this block's sums, by step parity
+  // CLUSTER: the warps' sums of every block of the cluster (pushed_sum)
+  constexpr int kWarps = BLOCK / 32;
+  __shared__ std::conditional_t<(CLUSTER > 1), PushedSums<CLUSTER, kWarps>, char> pushed;
+  if constexpr (CLUSTER > 1) pushed_sums_init(pushed);
   const int n = a.n;
   // This block's columns: vectors [v0, v0 + nvec) of the row (all of it
   // without a cluster); row pointers below start at v0.
@@ -167,9 +172,11 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
             Row::template fwd_add<PASS>(sums, element(xv[j], k), st);
         }
       }
-      sums = group_sum<GROUP, BLOCK>(sums, red);
       // (every block of a cluster makes the same steps: they share the rows)
-      if constexpr (CLUSTER > 1) sums = cluster_sum<CLUSTER>(sums, slice_sums, base / stride);
+      if constexpr (CLUSTER > 1)
+        sums = pushed_sum(warp_sum(sums), pushed, base / stride, base == first);
+      else
+        sums = group_sum<GROUP, BLOCK>(sums, red);
       Row::template fwd_finish<PASS>(sums, n, a.eps, st);
     };
     pass(std::integral_constant<int, 0>{});
@@ -238,8 +245,8 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
       finish(next, base + stride);
     }
   }
-  // No block may leave while another can still read its slice_sums.
-  if constexpr (CLUSTER > 1) cluster_barrier();
+  // (no barrier before leaving: every push to this block is one it waited
+  // for, and it reads its own slots only)
 }
 
 // The kernels: fwd_rows; with a register cap (at least MIN_BLOCKS blocks a
