@@ -299,13 +299,25 @@ __device__ __forceinline__ void mbarrier_wait(unsigned long long* bar,
 #endif
 }
 
-// A float2 summed over the 32 lanes of a warp (xor butterfly: every lane
-// gets the same bits).
+// Sums added over WIDTH consecutive lanes of a warp (xor butterfly: every
+// lane of them gets the same bits).
+template <int WIDTH = 32>
 __device__ __forceinline__ float2 warp_sum(float2 v) {
 #pragma unroll
-  for (int off = 16; off > 0; off /= 2) {
-    v.x += __shfl_xor_sync(0xffffffffu, v.x, off);
-    v.y += __shfl_xor_sync(0xffffffffu, v.y, off);
+  for (int off = WIDTH / 2; off > 0; off /= 2) {
+    v.x += __shfl_xor_sync(0xffffffffu, v.x, off, WIDTH);
+    v.y += __shfl_xor_sync(0xffffffffu, v.y, off, WIDTH);
+  }
+  return v;
+}
+template <int WIDTH = 32>
+__device__ __forceinline__ float4 warp_sum(float4 v) {
+#pragma unroll
+  for (int off = WIDTH / 2; off > 0; off /= 2) {
+    v.x += __shfl_xor_sync(0xffffffffu, v.x, off, WIDTH);
+    v.y += __shfl_xor_sync(0xffffffffu, v.y, off, WIDTH);
+    v.z += __shfl_xor_sync(0xffffffffu, v.z, off, WIDTH);
+    v.w += __shfl_xor_sync(0xffffffffu, v.w, off, WIDTH);
   }
   return v;
 }
@@ -318,23 +330,13 @@ __device__ __forceinline__ float2 warp_sum(float2 v) {
 template <int GROUP, int BLOCK>
 __device__ __forceinline__ float2 group_sum(float2 v, float2* smem) {
   static_assert(GROUP <= 32 || GROUP == BLOCK, "group is a sub-warp or the block");
-  constexpr int width = GROUP < 32 ? GROUP : 32;
-#pragma unroll
-  for (int off = width / 2; off > 0; off /= 2) {
-    v.x += __shfl_xor_sync(0xffffffffu, v.x, off, width);
-    v.y += __shfl_xor_sync(0xffffffffu, v.y, off, width);
-  }
+  v = warp_sum<GROUP < 32 ? GROUP : 32>(v);
   if constexpr (GROUP > 32) {
     constexpr int warps = BLOCK / 32;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     if (lane == 0) smem[warp] = v;
     __syncthreads();
-    v = lane < warps ? smem[lane] : make_float2(0.f, 0.f);
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
-      v.x += __shfl_xor_sync(0xffffffffu, v.x, off);
-      v.y += __shfl_xor_sync(0xffffffffu, v.y, off);
-    }
+    v = warp_sum(lane < warps ? smem[lane] : make_float2(0.f, 0.f));
     __syncthreads();  // smem is free again for the next row
   }
   return v;
@@ -349,28 +351,14 @@ template <int GROUP, int BLOCK>
 __device__ __forceinline__ float4 group_sum(float4 v, float4* smem) {
   static_assert(GROUP <= 32 || (GROUP % 32 == 0 && BLOCK % GROUP == 0),
                 "group is a sub-warp or whole warps");
-  constexpr int width = GROUP < 32 ? GROUP : 32;
-#pragma unroll
-  for (int off = width / 2; off > 0; off /= 2) {
-    v.x += __shfl_xor_sync(0xffffffffu, v.x, off, width);
-    v.y += __shfl_xor_sync(0xffffffffu, v.y, off, width);
-    v.z += __shfl_xor_sync(0xffffffffu, v.z, off, width);
-    v.w += __shfl_xor_sync(0xffffffffu, v.w, off, width);
-  }
+  v = warp_sum<GROUP < 32 ? GROUP : 32>(v);
   if constexpr (GROUP > 32) {
     constexpr int warps = BLOCK / 32;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     if (lane == 0) smem[warp] = v;
     __syncthreads();
     if constexpr (GROUP == BLOCK) {
-      v = lane < warps ? smem[lane] : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int off = 16; off > 0; off /= 2) {
-        v.x += __shfl_xor_sync(0xffffffffu, v.x, off);
-        v.y += __shfl_xor_sync(0xffffffffu, v.y, off);
-        v.z += __shfl_xor_sync(0xffffffffu, v.z, off);
-        v.w += __shfl_xor_sync(0xffffffffu, v.w, off);
-      }
+      v = warp_sum(lane < warps ? smem[lane] : make_float4(0.f, 0.f, 0.f, 0.f));
     } else {
       constexpr int per_group = GROUP / 32;
       const float4* mine = smem + warp / per_group * per_group;
