@@ -26,6 +26,9 @@ them.
   mismatch_check    the error of a build without code for the GPU
   cpu_speed         the norm on a CPU stream: built-in against the plugin
   sass_compare      two builds' SASS, function by function
+  tuner_ab          a kernel change against a base revision, each tuner
+                    (cuda/cli) built here for both and run interleaved on
+                    the GPU (pack here, the tune-ab step there)
   plan_dump         the planners' launch plans on a model GPU (no GPU;
                     plan_dump.cu): two builds' plans side by side; its
                     --check (every plan well formed) runs in .ci/run

@@ -154,6 +154,13 @@ run_tune() {
   return "${PIPESTATUS[0]}"
 }
 
+#: a kernel change against a base revision, each tuner alone, interleaved (lab.tuner_ab; first, here: python -m lab.tuner_ab pack BASE, then carry results/tuner-ab; TUNER_AB_ARGS e.g. "--n 65536 --rounds 3")
+run_tune_ab() {
+  timeout "$(cap 300)" python3 -m lab.tuner_ab run --dir "$ROOT/results/tuner-ab" --log "$OUT/tune-ab-runs.log" \
+    ${TUNER_AB_ARGS:-} 2>&1 | tee "$OUT/tune-ab.txt"
+  return "${PIPESTATUS[0]}"
+}
+
 # Modules that run on the default device (the GPU there) instead of through
 # the `device` fixture carry no gpu marker: the tests step runs them too.
 DEFAULT_DEVICE_TESTS="test_fuse.py test_fuse_safety.py test_fuse_contract.py test_patch.py test_wrappers.py

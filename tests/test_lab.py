@@ -66,7 +66,7 @@ def test_gpu_run_packs_its_logs_without_plots_or_data(tmp_path):
 
 @pytest.mark.parametrize("module", ["lab.sweep", "lab.host_cost", "lab.cuda_calls", "lab.memory_check",
                                     "lab.sanitize_cases", "lab.decode_kernels", "lab.cpu_speed",
-                                    "lab.weight_reads", "lab.peers", "lab.peers_wheels"])
+                                    "lab.weight_reads", "lab.peers", "lab.peers_wheels", "lab.tuner_ab"])
 def test_lab_command_lines_parse(module):
     out = _run(sys.executable, "-m", module, "--help")
     assert out.returncode == 0, out.stderr
@@ -324,3 +324,77 @@ def test_cuda_calls_timeline_scenarios_build_and_report_on_the_cpu(name):
     assert re.search(r"^dri:cuMemsetD8Async +0\.00 +1\.00 ", text, re.M)  # counts differ
     assert f"## {slower} - builtin, per eval: wall " in text
     assert "##   idle gaps +5.0 us, the host meanwhile in: run:cudaGraphLaunch +5.0" in text
+
+
+# Tuner output as cuda/cli/tune_backward.cu and tune_forward.cu print it.
+_TUNE_BACKWARD = """\
+(only N = 131072)
+shape        candidate                   grid units        us    GB/s  % ceil check vs first
+1024x131072  copy ceiling (x+g)                         189.0    4261     100
+             {512,512,4,2,async,x8}      1056   132     210.5    3826    89.8 reference
+             {1024,1024,2,2,async,x8}      528    66     220.0    3661    85.9 gx 0.0e+00 gw 0.0e+00 ok
+             {512,512,2,2,async,x16} does not fit
+"""
+_TUNE_FORWARD = """\
+shape        candidate                                  grid        us    GB/s  % ceil check vs first
+1024x131072  copy ceiling (x -> y)                               131.0    4098     100
+             {512,512,4,1,async,c8,m2}                  1056     145.8    3682    89.8 reference
+             {256,256,8,1,async,c8,m2}                  1056     144.8    3708    90.5 max rel 1.0e-03 DIFFER
+"""
+
+
+def test_tuner_ab_reads_both_tuners_tables():
+    from lab import tuner_ab
+
+    rows = tuner_ab.parse(_TUNE_BACKWARD)
+    assert [(r["candidate"], r["us"]) for r in rows] == [
+        ("copy ceiling (x+g)", 189.0), ("{512,512,4,2,async,x8}", 210.5), ("{1024,1024,2,2,async,x8}", 220.0)]
+    assert {r["shape"] for r in rows} == {"1024x131072"} and not any(r["differ"] for r in rows)
+    forward = tuner_ab.parse(_TUNE_FORWARD)
+    assert [r["us"] for r in forward] == [131.0, 145.8, 144.8] and forward[2]["differ"]
+
+    slower = _TUNE_BACKWARD.replace("210.5", "231.5")
+    lines, ok = tuner_ab.summarize({("tune_backward", "base"): rows + rows,
+                                    ("tune_backward", "new"): tuner_ab.parse(slower) * 2})
+    assert ok
+    row = next(line for line in lines if "{512,512,4,2,async,x8}" in line).split()
+    assert row[-3:] == ["210.5", "231.5", "1.100"]
+    _, ok = tuner_ab.summarize({("tune_forward", "base"): forward, ("tune_forward", "new"): forward})
+    assert not ok  # a candidate that differs from its tuner's first fails the run
+
+
+def test_tuner_ab_packs_both_sides_and_runs_them_interleaved(tmp_path):
+    """pack with a stand-in nvcc (it writes, as the tuner, a script printing
+    a table whose times depend on the side), then run: the table of medians,
+    new / base, each side run per round, the order alternating."""
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(
+        "#!/bin/bash\n"
+        "while [ $# -gt 0 ]; do [ \"$1\" = -o ] && out=$2; shift; done\n"
+        "cat > \"$out\" <<'TUNER'\n"
+        "#!/bin/bash\n"
+        "echo \"$(basename $0) $*\" >> \"$TUNER_AB_CALLS\"\n"
+        "us=200.0; case \"$(basename $0)\" in new_*) us=180.0 ;; esac\n"
+        "echo \"${2}x${2}  copy ceiling (x+g)   150.0   100 100\"\n"
+        "echo \"             {512,512,4,2,async,x8}  1056 132 $us 3000 90.0 reference\"\n"
+        "TUNER\n"
+        "chmod +x \"$out\"\n")
+    nvcc.chmod(0o755)
+    out = tmp_path / "ab"
+    packed = _run(sys.executable, "-m", "lab.tuner_ab", "pack", "HEAD", "--out", str(out), "--nvcc", str(nvcc),
+                  "--tuners", "tune_backward")
+    assert packed.returncode == 0, packed.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["base_tune_backward.gz", "manifest.json",
+                                                     "new_tune_backward.gz"]
+    calls = tmp_path / "calls"
+    ran = _run(sys.executable, "-m", "lab.tuner_ab", "run", "--dir", str(out), "--n", "4096,8192",
+               "--rounds", "2", "--log", str(tmp_path / "runs.log"),
+               env=dict(os.environ, TUNER_AB_CALLS=str(calls)))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert re.search(r"tune_backward +4096x4096 +\{512,512,4,2,async,x8\} +200\.0 +180\.0 +0\.900", ran.stdout)
+    assert [line.split()[0] for line in calls.read_text().splitlines()] == [
+        "base_tune_backward", "new_tune_backward", "new_tune_backward", "base_tune_backward"] * 2
+    assert "== tune_backward new N=8192 round 2 (exit 0)" in (tmp_path / "runs.log").read_text()
+
+    missing = _run(sys.executable, "-m", "lab.tuner_ab", "run", "--dir", str(tmp_path / "none"))
+    assert missing.returncode == 2 and "pack first" in missing.stderr
