@@ -17,8 +17,10 @@ and candidate the median us of each side and new / base:
     python -m lab.tuner_ab run [--dir results/tuner-ab] [--n 32768,131072,262144] [--rounds 2] [--iters 20]
 
 Each tuner checks its candidates against the first of its own build; a
-"DIFFER" there, or a tuner that fails or times out, fails the run. Their
-values against each other are the GPU tests' business.
+"DIFFER" there, or a tuner that fails or times out, fails the run (a side
+that failed once is not run again: a hang costs one timeout, not one per
+row length and round). Their values against each other are the GPU tests'
+business.
 """
 
 from __future__ import annotations
@@ -172,12 +174,15 @@ def run(directory: Path, n_list: list[int], rounds: int, iters: int, timeout: in
           f"{manifest['arch']}, {rounds} round(s) of {iters} iterations", flush=True)
     results: dict = {}
     failed = []
+    broken = set()  # (tuner, side) that failed once: not run again
     out = open(log, "w") if log else None
     try:
         for tuner in manifest["tuners"]:
             for n in n_list:
                 for r in range(rounds):
                     for side in SIDES if r % 2 == 0 else SIDES[::-1]:
+                        if (tuner, side) in broken:
+                            continue  # (a hang or a CUDA error once is enough: device time is scarce)
                         try:
                             done = subprocess.run([str(bins / f"{side}_{tuner}"), str(iters), str(n)],
                                                   capture_output=True, text=True, timeout=timeout)
@@ -188,7 +193,9 @@ def run(directory: Path, n_list: list[int], rounds: int, iters: int, timeout: in
                             out.write(f"== {tuner} {side} N={n} round {r + 1} (exit {rc})\n{text}\n")
                             out.flush()
                         if rc != 0:
-                            failed.append(f"{side} {tuner} N={n} round {r + 1}: exit {rc}")
+                            last = next((ln for ln in reversed(text.splitlines()) if ln.strip()), "")
+                            failed.append(f"{side} {tuner} N={n} round {r + 1}: exit {rc}: {last[-200:]}")
+                            broken.add((tuner, side))
                         results.setdefault((tuner, side), []).extend(parse(text))
                 print(f"{tuner} N={n} done", flush=True)
     finally:

@@ -374,6 +374,7 @@ def test_tuner_ab_packs_both_sides_and_runs_them_interleaved(tmp_path):
         "cat > \"$out\" <<'TUNER'\n"
         "#!/bin/bash\n"
         "echo \"$(basename $0) $*\" >> \"$TUNER_AB_CALLS\"\n"
+        "case \"$(basename $0)\" in new_*) [ -n \"$TUNER_AB_BREAK_NEW\" ] && { echo \"cuda error\"; exit 3; } ;; esac\n"
         "us=200.0; case \"$(basename $0)\" in new_*) us=180.0 ;; esac\n"
         "echo \"${2}x${2}  copy ceiling (x+g)   150.0   100 100\"\n"
         "echo \"             {512,512,4,2,async,x8}  1056 132 $us 3000 90.0 reference\"\n"
@@ -395,6 +396,17 @@ def test_tuner_ab_packs_both_sides_and_runs_them_interleaved(tmp_path):
     assert [line.split()[0] for line in calls.read_text().splitlines()] == [
         "base_tune_backward", "new_tune_backward", "new_tune_backward", "base_tune_backward"] * 2
     assert "== tune_backward new N=8192 round 2 (exit 0)" in (tmp_path / "runs.log").read_text()
+
+    # a side that fails once is not run again (a hang would cost a timeout a run)
+    calls.unlink()
+    broken = _run(sys.executable, "-m", "lab.tuner_ab", "run", "--dir", str(out), "--n", "4096,8192",
+                  env=dict(os.environ, TUNER_AB_CALLS=str(calls), TUNER_AB_BREAK_NEW="1"))
+    assert broken.returncode == 1
+    assert "FAILED: new tune_backward N=4096 round 1: exit 3: cuda error" in broken.stdout
+    assert broken.stdout.count("FAILED") == 1
+    assert [line.split()[0] for line in calls.read_text().splitlines()] == [
+        "base_tune_backward", "new_tune_backward", "base_tune_backward", "base_tune_backward",
+        "base_tune_backward"]
 
     missing = _run(sys.executable, "-m", "lab.tuner_ab", "run", "--dir", str(tmp_path / "none"))
     assert missing.returncode == 2 and "pack first" in missing.stderr
