@@ -28,9 +28,10 @@ namespace rmsnorm {
 //
 // A unit is one block, or with CLUSTER > 1 a thread-block cluster whose
 // blocks each own a contiguous slice of the row's columns (rows too long for
-// one SM's shared memory). The two row sums then cross the cluster through
-// distributed shared memory once a step, and every block adds the slices'
-// sums in rank order, so all of them see the same bits.
+// one SM's shared memory). The row sums then cross the cluster once a step:
+// every warp pushes its sums into every block's shared memory and each block
+// adds them in a fixed order (pushed_sum, common.cuh: no block barrier and no
+// blocking cluster barrier a step), so all of them see the same bits.
 //
 // BULK picks how a step's rows travel. false: every thread copies (cp.async,
 // 16 bytes) exactly the vectors it later reads, so no barrier guards a stage.
@@ -90,7 +91,9 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ Sums red[32];
   __shared__ unsigned long long landed[STAGES];  // kBulk: one mbarrier a stage
-  __shared__ Sums slice_sums[2];  // CLUSTER: this block's sums, by step parity
+  // CLUSTER: the warps' sums of every block of the cluster (pushed_sum)
+  __shared__ std::conditional_t<(CLUSTER > 1), PushedSums<CLUSTER, BLOCK / 32, Sums>, char> pushed;
+  if constexpr (CLUSTER > 1) pushed_sums_init(pushed);
   __shared__ XV first_x[kClusterShift ? STAGES : 1];  // kClusterShift: by stage
   const size_t stage_bytes =
       (size_t)ROWS * nvec * (sizeof(XV) + sizeof(GV) + (kExtra ? sizeof(XV) : 0));
@@ -272,23 +275,27 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
                                     wj[k], st);
         }
       }
-      return group_sum<GROUP, BLOCK>(sums, red);
+      // (a cluster adds the warps' sums of all its blocks: pushed_sum)
+      if constexpr (CLUSTER > 1)
+        return warp_sum(sums);
+      else
+        return group_sum<GROUP, BLOCK>(sums, red);
     };
     Sums sums = pass_sums(std::integral_constant<int, 0>{});
     if constexpr (kBulk) {
       // Every thread is past its reads of step t-1 (the barrier in group_sum,
-      // or this one when a row lives inside a warp): its stage can refill.
-      if constexpr (GROUP <= 32) __syncthreads();
+      // or this one when a row lives inside a warp or its block's sums are
+      // a cluster's, pushed_sum): its stage can refill.
+      if constexpr (GROUP <= 32 || CLUSTER > 1) __syncthreads();
       if (t + STAGES - 1 < steps) prefetch(t + STAGES - 1);
     }
-    // Cluster sums alternate two slots by the parity of their count.
+    // Cluster sums alternate two sets of slots by the parity of their count.
     if constexpr (CLUSTER > 1)
-      sums = cluster_sum<CLUSTER>(sums, slice_sums, Row::kPasses * t);
+      sums = pushed_sum(sums, pushed, Row::kPasses * t, t == 0);
     Row::template finish<0>(sums, n, a.eps, st);
     if constexpr (Row::kPasses > 1) {
       sums = pass_sums(std::integral_constant<int, 1>{});
-      if constexpr (CLUSTER > 1)
-        sums = cluster_sum<CLUSTER>(sums, slice_sums, Row::kPasses * t + 1);
+      if constexpr (CLUSTER > 1) sums = pushed_sum(sums, pushed, Row::kPasses * t + 1, false);
       Row::template finish<1>(sums, n, a.eps, st);
     }
 
@@ -321,8 +328,9 @@ __device__ __forceinline__ void persistent_walk(const BwdArgs& a) {
     }
   }
   if constexpr (!kBulk) __pipeline_wait_prior(0);
-  // No block may leave while another can still read its slice_sums.
-  if constexpr (CLUSTER > 1) cluster_barrier();
+  // (no cluster barrier before the partials: every push to this block is
+  // one it waited for, and it reads its own slots only)
+  if constexpr (CLUSTER > 1) pushed_sums_done(steps > 0);
 
   // Each wanted partial leaves through shared memory (the stages are free
   // now), so that every global store is a 16-byte vector of consecutive

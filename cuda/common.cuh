@@ -2,7 +2,6 @@
 // vectors, asynchronous copies and fixed-order (deterministic) reductions.
 #pragma once
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_pipeline.h>
@@ -401,37 +400,30 @@ __device__ __forceinline__ float vec_mean(const Vec<T, VEC>& v) {
   return s * (1.f / VEC);
 }
 
-// Thread-block clusters (sm_90 on: the rows past one SM). Every
-// thread of every block of the cluster must call these, the same number of
-// times. Older families have no clusters: a trap, as for the bulk copies.
-__device__ __forceinline__ void cluster_barrier() {
-#if __CUDA_ARCH__ >= 900
-  cooperative_groups::this_cluster().sync();
-#else
-  __trap();
-#endif
-}
-
-// A cluster's sums pushed, not pulled (sm_90 on): every warp stores its sum
-// into a slot of every block of the cluster (st.async, counted in bytes on
-// the receiving block's mbarrier), and each block waits on its own mbarrier
-// only, then adds the CLUSTER * WARPS slots in a fixed order: no block
-// barrier and no blocking cluster barrier a row, and every block gets the
-// same bits. Slots and mbarriers come in two sets by step parity: a block
-// pushes step t + 1 into one set while a slower block still reads step t's
-// from the other, and no block reaches step t + 2 before all have pushed
-// step t + 1, which each does only after reading step t's.
-template <int CLUSTER, int WARPS>
+// Thread-block clusters (sm_90 on: the rows past one SM; older families have
+// no clusters: a trap, as for the bulk copies). A cluster's sums are pushed,
+// not pulled: every warp stores its sums (float2 or float4) into a slot of
+// every block of the cluster (st.async, counted in bytes on the receiving
+// block's mbarrier), and each block waits on its own mbarrier only, then
+// adds the CLUSTER * WARPS slots in a fixed order: no block barrier and no
+// blocking cluster barrier a step, and every block gets the same bits. Slots and mbarriers come in two sets by step
+// parity: a block pushes step t + 1 into one set while a slower block still
+// reads step t's from the other, and no block reaches step t + 2 before all
+// have pushed step t + 1, which each warp does only after reading step t's.
+// A block's wait also means that all of its own warps have pushed this step,
+// so are done with everything they read before it (the backward's stages).
+template <int CLUSTER, int WARPS, typename S = float2>
 struct PushedSums {
-  float2 slot[2][CLUSTER * WARPS];  // [parity][rank * WARPS + warp]
+  S slot[2][CLUSTER * WARPS];  // [parity][rank * WARPS + warp]
   unsigned long long bar[2];
 };
 
 // Every thread, once, before the first pushed_sum: thread 0 sets up the
 // mbarriers, and the cluster is told so by an arrive whose wait comes with
-// the first push (pushed_sum(first)), after this block's first loads.
-template <int CLUSTER, int WARPS>
-__device__ __forceinline__ void pushed_sums_init(PushedSums<CLUSTER, WARPS>& ps) {
+// the first push (pushed_sum(first)), after this block's first loads; a
+// walk that makes no step waits at its end (pushed_sums_done).
+template <int CLUSTER, int WARPS, typename S>
+__device__ __forceinline__ void pushed_sums_init(PushedSums<CLUSTER, WARPS, S>& ps) {
 #if __CUDA_ARCH__ >= 900
   if (threadIdx.x == 0) {
     for (auto& bar : ps.bar)
@@ -444,13 +436,33 @@ __device__ __forceinline__ void pushed_sums_init(PushedSums<CLUSTER, WARPS>& ps)
 #endif
 }
 
+// The arrive of pushed_sums_init gets its wait here when no step took it.
+__device__ __forceinline__ void pushed_sums_done(bool made_steps) {
+#if __CUDA_ARCH__ >= 900
+  if (!made_steps) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#endif
+}
+
+// One warp's sums into the slot at `slot` of a peer (a shared::cluster
+// address), counted on that peer's mbarrier at `bar`.
+__device__ __forceinline__ void push_sums(unsigned slot, float2 v, unsigned bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+               ::"r"(slot), "f"(v.x), "f"(v.y), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ void push_sums(unsigned slot, float4 v, unsigned bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+               ::"r"(slot), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar)
+               : "memory");
+}
+
 // The cluster's total of the warps' sums `v` (each warp's lanes hold the
 // same v, as warp_sum leaves them) at step `step` of the walk; `first`: the
 // walk's first step. Every thread of every block of the cluster calls it,
 // the same steps.
-template <int CLUSTER, int WARPS>
-__device__ __forceinline__ float2 pushed_sum(float2 v, PushedSums<CLUSTER, WARPS>& ps,
-                                             int64_t step, bool first) {
+template <int CLUSTER, int WARPS, typename S>
+__device__ __forceinline__ S pushed_sum(S v, PushedSums<CLUSTER, WARPS, S>& ps, int64_t step,
+                                        bool first) {
 #if __CUDA_ARCH__ < 900
   __trap();
   return v;
@@ -460,7 +472,7 @@ __device__ __forceinline__ float2 pushed_sum(float2 v, PushedSums<CLUSTER, WARPS
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   // (the peers' mbarriers are set up: pushed_sums_init's arrive)
   if (first) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-  if (threadIdx.x == 0) bulk_expect(&ps.bar[set], CLUSTER * WARPS * sizeof(float2));
+  if (threadIdx.x == 0) bulk_expect(&ps.bar[set], CLUSTER * WARPS * sizeof(S));
   if (lane < CLUSTER) {
     unsigned rank;
     asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
@@ -469,41 +481,13 @@ __device__ __forceinline__ float2 pushed_sum(float2 v, PushedSums<CLUSTER, WARPS
         : "=r"(slot)
         : "r"(smem_addr(&ps.slot[set][rank * WARPS + warp])), "r"(lane));
     asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(bar) : "r"(smem_addr(&ps.bar[set])), "r"(lane));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
-                 ::"r"(slot), "f"(v.x), "f"(v.y), "r"(bar)
-                 : "memory");
+    push_sums(slot, v, bar);
   }
   mbarrier_wait(&ps.bar[set], static_cast<unsigned>((step >> 1) & 1));
-  float2 total = make_float2(0.f, 0.f);
-#pragma unroll
-  for (int i = lane; i < CLUSTER * WARPS; i += 32) {
-    total.x += ps.slot[set][i].x;
-    total.y += ps.slot[set][i].y;
-  }
-  return warp_sum(total);
-#endif
-}
-
-// Adds the block-wide sums `v` (float2 or float4) of the CLUSTER blocks of a
-// cluster, in rank order (every block gets the same bits). `slots` is a pair
-// in this block's shared memory; the step's parity picks one, so a block may
-// write step t + 1's sums while a slower block still reads step t's: the
-// barrier of step t + 1 keeps it from reaching step t + 2's write before that
-// read is done.
-template <int CLUSTER, typename S>
-__device__ __forceinline__ S cluster_sum(S v, S* slots, int64_t step) {
-#if __CUDA_ARCH__ < 900
-  __trap();
-  return v;
-#else
-  auto cluster = cooperative_groups::this_cluster();
-  S* slot = slots + (step & 1);
-  if (threadIdx.x == 0) *slot = v;
-  cluster.sync();
   S total = zero_sums<S>();
 #pragma unroll
-  for (int q = 0; q < CLUSTER; ++q) total = sums_plus(total, *cluster.map_shared_rank(slot, q));
-  return total;
+  for (int i = lane; i < CLUSTER * WARPS; i += 32) total = sums_plus(total, ps.slot[set][i]);
+  return warp_sum(total);
 #endif
 }
 

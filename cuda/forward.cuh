@@ -83,7 +83,6 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   // CLUSTER: the warps' sums of every block of the cluster (pushed_sum)
   constexpr int kWarps = BLOCK / 32;
   __shared__ std::conditional_t<(CLUSTER > 1), PushedSums<CLUSTER, kWarps>, char> pushed;
-  if constexpr (CLUSTER > 1) pushed_sums_init(pushed);
   const int n = a.n;
   // This block's columns: vectors [v0, v0 + nvec) of the row (all of it
   // without a cluster); row pointers below start at v0.
@@ -217,6 +216,10 @@ __device__ __forceinline__ void fwd_rows_body(const FwdArgs& a) {
   // blocks) then arrives while x is in flight.
   XV cur[CHUNKS], next[CHUNKS];
   load(cur, first);
+  // (after the first loads are issued: set up at the kernel's start, the
+  // mbarriers and the cluster arrive cost LayerNorm's general-read rows up to
+  // 176 bytes of spills, ptxas sm_90)
+  if constexpr (CLUSTER > 1) pushed_sums_init(pushed);
   if constexpr (PERSISTENT) {
 #pragma unroll
     for (int j = 0; j < CHUNKS; ++j) {
