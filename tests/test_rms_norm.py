@@ -229,7 +229,7 @@ def test_add_many_rows(device, dtype, n):
     "shape,x_dtype,w_dtype",
     [((3, 16384), "bfloat16", "bfloat16"),  # the last persistent row (bulk copies)
      ((3, 16384), "bfloat16", "float32"),  # fp32 g: the stages no longer fit, split plan
-     ((2, 40000), "bfloat16", "bfloat16"),  # past every table: looped forward, split backward
+     ((2, 40000), "bfloat16", "bfloat16"),  # past one SM: cluster rows from sm_90, else looped / split
      ((2, 1000), "float16", "float16"),
      ((9, 136), "bfloat16", "bfloat16")],
 )
