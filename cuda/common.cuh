@@ -406,10 +406,11 @@ __device__ __forceinline__ float vec_mean(const Vec<T, VEC>& v) {
 // every block of the cluster (st.async, counted in bytes on the receiving
 // block's mbarrier), and each block waits on its own mbarrier only, then
 // adds the CLUSTER * WARPS slots in a fixed order: no block barrier and no
-// blocking cluster barrier a step, and every block gets the same bits. Slots and mbarriers come in two sets by step
-// parity: a block pushes step t + 1 into one set while a slower block still
-// reads step t's from the other, and no block reaches step t + 2 before all
-// have pushed step t + 1, which each warp does only after reading step t's.
+// blocking cluster barrier a step, and every block gets the same bits. Slots
+// and mbarriers come in two sets by step parity: a block pushes step t + 1
+// into one set while a slower block still reads step t's from the other, and
+// no block reaches step t + 2 before all have pushed step t + 1, which each
+// warp does only after reading step t's.
 // A block's wait also means that all of its own warps have pushed this step,
 // so are done with everything they read before it (the backward's stages).
 template <int CLUSTER, int WARPS, typename S = float2>

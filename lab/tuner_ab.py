@@ -182,7 +182,7 @@ def run(directory: Path, n_list: list[int], rounds: int, iters: int, timeout: in
                 for r in range(rounds):
                     for side in SIDES if r % 2 == 0 else SIDES[::-1]:
                         if (tuner, side) in broken:
-                            continue  # (a hang or a CUDA error once is enough: device time is scarce)
+                            continue  # (its later runs would fail alike, a hang costing a timeout each)
                         try:
                             done = subprocess.run([str(bins / f"{side}_{tuner}"), str(iters), str(n)],
                                                   capture_output=True, text=True, timeout=timeout)
