@@ -410,3 +410,14 @@ def test_tuner_ab_packs_both_sides_and_runs_them_interleaved(tmp_path):
 
     missing = _run(sys.executable, "-m", "lab.tuner_ab", "run", "--dir", str(tmp_path / "none"))
     assert missing.returncode == 2 and "pack first" in missing.stderr
+
+
+def test_tuner_ab_refuses_bad_input_in_one_line(tmp_path):
+    # no manifest: it says to pack first; a bad --n or --rounds: the argument
+    empty = _run(sys.executable, "-m", "lab.tuner_ab", "run", "--dir", str(tmp_path))
+    assert empty.returncode == 2 and "pack first (python -m lab.tuner_ab pack BASE)" in empty.stderr
+    (tmp_path / "manifest.json").write_text("{}")
+    bad_n = _run(sys.executable, "-m", "lab.tuner_ab", "run", "--dir", str(tmp_path), "--n", "32k")
+    assert bad_n.returncode == 2 and "--n wants row lengths like 32768,131072, got '32k'" in bad_n.stderr
+    bad_rounds = _run(sys.executable, "-m", "lab.tuner_ab", "run", "--dir", str(tmp_path), "--rounds", "0")
+    assert bad_rounds.returncode == 2 and "--rounds and --iters are at least 1" in bad_rounds.stderr
