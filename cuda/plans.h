@@ -150,8 +150,10 @@ inline constexpr RowPlan kBackwardSm90[] = {
     upto(4096).block(512).group(512).chunks(4).stages(2).cluster(2),
     // N <= 65536: 4 blocks a row (2048x65536 251.2 us against 286.8 bulk)
     upto(8192).block(512).group(512).chunks(4).stages(2).cluster(4),
-    // N <= 131072: 8 blocks a row, the largest portable cluster
-    upto(16384).block(512).group(512).chunks(4).stages(2).cluster(8),
+    // N <= 131072: 16 blocks of 512 x 2 a row (non-portable), two blocks a SM
+    // in 64 KiB of stages each (H100 tuner, pushed sums: 1024x131072 281.4 us
+    // against 298.1 for 512 x 4 slices of 8, the largest portable cluster)
+    upto(16384).block(512).group(512).chunks(2).stages(2).cluster(16),
     // N <= 262144: 16 blocks a row (non-portable; QuACK's size there too), x
     // and g still read once (the split plan read them twice; H200 512x262144:
     // 347 us against 367 split, LayerNorm 406 against MLX's 874). With the
@@ -229,13 +231,14 @@ inline constexpr RowPlan kForwardAddLong[] = {
     upto(4096).block(512).group(512).chunks(4).persistent(false).cluster(2).min_blocks(2),
     upto(8192).block(512).group(512).chunks(4).persistent(false).cluster(4).min_blocks(2),
     upto(16384).block(512).group(512).chunks(4).persistent(false).cluster(8).min_blocks(2),
-    // N <= 262144: 16 blocks. add_rms_norm stops before it (kAddRmsLongMax)
+    // N <= 262144: 16 blocks
     upto(32768).block(512).group(512).chunks(4).persistent(false).cluster(16).min_blocks(2),
 };
 // add_rms_norm takes kForwardAddLong's rows up to here and the looped kernel
-// past them: its looped kernel (which add_layer_norm has not) was ahead of
-// the row of 16 blocks (H200 512x262144: 346 us against 372; docs/NOTES.md).
-inline constexpr int kAddRmsLongMax = 16384;
+// past them. Every row since the pushed sums: its looped kernel was ahead of
+// the row of 16 blocks before them (H200 512x262144: 346 us against 372),
+// and behind add_layer_norm's run of that row after (H100: 477.1 against 405.8).
+inline constexpr int kAddRmsLongMax = 32768;
 // The fused add's row of kForwardAddLong for rows of nvec vectors, or -1
 // where nvec is not past kForwardAddLongPast or is past max_nvec (the
 // norm's last row: add_rms_norm's kAddRmsLongMax).
@@ -271,6 +274,10 @@ inline constexpr RowPlan kForwardOneWave[] = {
 };
 
 // --- LayerNorm (row_math.cuh LayerRow; planned in layer_norm.cu) --------------
+// RMSNorm's former N <= 131072 row, 512 x 4 slices of 8 blocks, which the
+// LayerNorm tables keep (not measured on RMSNorm's slices of 16).
+inline constexpr RowPlan kLayerBackwardSlices8 =
+    upto(16384).block(512).group(512).chunks(4).stages(2).cluster(8);
 // The same walks with LayerNorm rows of their own. Chosen with
 // cuda/cli/layer_norm_bench (the chain as planned: walk + one column sum of gw
 // and gb, CUDA graphs of 20 calls).
@@ -307,9 +314,9 @@ inline constexpr RowPlan kLayerBackwardSm90[] = {
     upto(4096).block(256).group(256).chunks(4).stages(2).cluster(4),
     // N <= 65536: 8 blocks (2048x65536 321.7 against 346.4)
     upto(8192).block(256).group(256).chunks(4).stages(2).cluster(8),
-    // N <= 131072, 262144: RMSNorm's 512 x 4 slices of 8 and 16 blocks
+    // N <= 131072, 262144: 512 x 4 slices of 8 and RMSNorm's of 16 blocks
     // (1024x131072: 256 x 4 slices of 16 level, 377.5 against 376.7)
-    kBackwardSm90[13], kBackwardSm90[14],
+    kLayerBackwardSlices8, kBackwardSm90[14],
 };
 // Families 80 and 75: the same rows with per-thread copies (not measured),
 // without the cluster rows.
@@ -356,7 +363,7 @@ inline constexpr RowPlan kLayerBackwardWRegsSm90[] = {
     upto(8192).block(512).group(512).chunks(2).stages(2).cluster(8),
     // N <= 131072, 262144: 512 x 4 slices of 8 and 16 (bf16 g only: fp32
     // g's stages do not fit)
-    kBackwardSm90[13], kBackwardSm90[14],
+    kLayerBackwardSlices8, kBackwardSm90[14],
 };
 inline constexpr RowPlan kLayerBackwardWRegsSm80[] = {
     per_thread_copies(kLayerBackwardWRegsSm90[0]),

@@ -38,12 +38,13 @@ def longest_cluster_nvec() -> int:
     on this GPU, 0 where it has none, as the plugin's planner finds it (it
     asks CUDA whether the GPU holds the kernel's cluster): 32768 (N = 262144
     in bf16, clusters of 16, past the portable 8; H100 and H200 hold them),
-    16384 (clusters of 8), none before sm_90."""
+    8192 (clusters of 4, where clusters of 16 do not run: N = 131072 takes
+    them too), none before sm_90."""
     if mlx_rmsnorm.gpu_family() < 90:
         return 0
     from mlx_rmsnorm import _ext
 
-    for n in (262144, 131072):  # bf16: 8 elements a vector
+    for n in (262144, 65536):  # bf16: 8 elements a vector
         if _ext._backward_kernels(512, n, mx.bfloat16)[0][0] == "bwd_persistent_cluster":
             return n // 8
     return 0

@@ -240,15 +240,15 @@ def test_small_grids_after_long_rows():
     if holds_cluster_of_16():
         assert longest_cluster_nvec() == 32768
         assert _ext._backward_kernels(3, 262144, mx.bfloat16)[0] == ("bwd_persistent_cluster", 16)
-        assert _ext._backward_kernels(7, 131072, mx.bfloat16)[0] == ("bwd_persistent_cluster", 8)
+        assert _ext._backward_kernels(7, 131072, mx.bfloat16)[0] == ("bwd_persistent_cluster", 16)
     for i, (shape, dtype) in enumerate(cases + cases):
         x, w, g = inputs(shape, 40 + 3 * i, dtype)
         check_against_float64(x, w, g, run(x, w, g), TOL[dtype], 2 * TOL[dtype], shape)
 
 
 # Row lengths of every backward plan: the persistent rows, the cluster rows
-# past N = 16384 (sm_90: clusters of 2 to 16; N = 262144 takes the split plan
-# where clusters of 16 do not run).
+# past N = 16384 (sm_90: clusters of 2 to 16; N = 131072 and 262144 take the
+# split plan where clusters of 16 do not run).
 BATCH_N = [128, 1024, 8192, 16384, 32768, 65536, 131072, 262144]
 BATCH_OPS = ["rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm"]
 
