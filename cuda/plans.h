@@ -152,7 +152,8 @@ inline constexpr RowPlan kBackwardSm90[] = {
     upto(8192).block(512).group(512).chunks(4).stages(2).cluster(4),
     // N <= 131072: 16 blocks of 512 x 2 a row (non-portable), two blocks a SM
     // in 64 KiB of stages each (H100 tuner, pushed sums: 1024x131072 281.4 us
-    // against 298.1 for 512 x 4 slices of 8, the largest portable cluster)
+    // against 298.1 for 512 x 4 slices of 8, the largest portable cluster;
+    // through MLX 289.3 against 294.8, the fused add's 297.1 against 311.5)
     upto(16384).block(512).group(512).chunks(2).stages(2).cluster(16),
     // N <= 262144: 16 blocks a row (non-portable; QuACK's size there too), x
     // and g still read once (the split plan read them twice; H200 512x262144:
@@ -237,7 +238,8 @@ inline constexpr RowPlan kForwardAddLong[] = {
 // add_rms_norm takes kForwardAddLong's rows up to here and the looped kernel
 // past them. Every row since the pushed sums: its looped kernel was ahead of
 // the row of 16 blocks before them (H200 512x262144: 346 us against 372),
-// and behind add_layer_norm's run of that row after (H100: 477.1 against 405.8).
+// and behind add_layer_norm's run of that row after (H100: 477.1 against 405.8;
+// add_rms_norm on the row of 16 blocks then took 385.4, 94% of the copy).
 inline constexpr int kAddRmsLongMax = 32768;
 // The fused add's row of kForwardAddLong for rows of nvec vectors, or -1
 // where nvec is not past kForwardAddLongPast or is past max_nvec (the
