@@ -20,8 +20,7 @@ using plans::kForwardOneWave;
 // exactly as x does (h replaces x after the add), and the extra read and
 // write only scale the traffic that the rows were sized for. Not separately
 // tuned: docs/fused-add.md has its measurements on these rows. Past them
-// sm_90 runs plans::kForwardAddLong up to plans::kAddRmsLongMax, and the
-// looped kernel past that (planned_fwd_kernel, forward.cuh).
+// sm_90 runs plans::kForwardAddLong (planned_fwd_kernel, forward.cuh).
 // W_FIRST: w loaded beside x even where the table reads it after the
 // reduction (one wave of rows, below).
 template <typename X, typename O, bool ADD, bool W_FIRST = false>
@@ -79,18 +78,14 @@ Plan plan_forward(const FwdArgs& a) {
     // The fused add's own rows where its x and residual outgrow kForward's
     // rows' registers (plans::kForwardAddLong), on GPUs with clusters.
     const bool clusters = detail::target().family >= 90;
-    const int add_long =
-        add && clusters ? plans::add_long_row(a.n / full, plans::kAddRmsLongMax) : -1;
+    const int add_long = add && clusters ? plans::add_long_row(a.n / full) : -1;
     const auto& cfg = add_long >= 0 ? plans::kForwardAddLong[add_long] : kForward[row];
     if (cfg.cluster > 1) {
       // A row a cluster (sm_90 on): a block per slice, a cluster per row.
-      // (the fused add has no kernel of kForward's cluster rows: past
-      // kAddRmsLongMax it takes the looped kernel)
-      const void* fn =
-          add_long >= 0 ? add_long_kernel<X, O, AddRmsRow, false,
-                                          plans::add_long_rows(plans::kAddRmsLongMax)>(add_long)
-          : add         ? row_kernel<X, O, true>(row)
-                        : row_kernel<X, O, false>(row);
+      // (the fused add has no kernel of kForward's cluster rows)
+      const void* fn = add_long >= 0 ? add_long_kernel<X, O, AddRmsRow>(add_long)
+                       : add         ? row_kernel<X, O, true>(row)
+                                     : row_kernel<X, O, false>(row);
       if (fn == nullptr || !clusters || detail::clusters_resident(fn, cfg.block, 0) == 0)
         return looped(std::integral_constant<int, full>{});
       const int64_t grid =

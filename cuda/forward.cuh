@@ -314,9 +314,8 @@ const void* fwd_kernel_for(int row) {
 // - the fused add (Row::kExtraIn) holds its residual beside x, so it runs
 //   uncapped (under LayerNorm's cap it spilled 190-330 bytes a thread, ptxas,
 //   sm_90, bf16) and has no kernel (null) on the cluster rows: sm_90 runs
-//   plans::kForwardAddLong past N = 16384 (add_rms_norm up to
-//   plans::kAddRmsLongMax, then the looped kernel), other GPUs the looped
-//   kernel (add_rms_norm) or the built-in (add_layer_norm);
+//   plans::kForwardAddLong past N = 16384, other GPUs the looped kernel
+//   (add_rms_norm) or the built-in (add_layer_norm);
 // - W_FIRST: w loaded beside x (PERSISTENT's read) on rows of one block of at
 //   most 512 threads (1024 threads' 64 registers cannot hold it: spills);
 // - W_AS_X: w and b read in x's dtype on the rows that read them per step
@@ -345,13 +344,11 @@ const void* planned_fwd_kernel(int row) {
 // The fused add's kernel of plans::kForwardAddLong's row (sm_90, past N =
 // 16384), under the rows' cap (both policies; AddLayerRow's shift and bias
 // spill 4 bytes in bf16, 72 in fp16 with the general read of w and b, none
-// with W_AS_X: ptxas, sm_90). ROWS: the table's first rows that the norm
-// runs (plans::add_long_rows); no kernel is built for the others.
-template <typename X, typename O, typename Row, bool W_AS_X = false,
-          std::size_t ROWS = std::size(plans::kForwardAddLong)>
+// with W_AS_X: ptxas, sm_90).
+template <typename X, typename O, typename Row, bool W_AS_X = false>
 const void* add_long_kernel(int row) {
   using plans::kForwardAddLong;
-  return kernel_by_row<ROWS>(row, [](auto i) {
+  return kernel_by_row<std::size(kForwardAddLong)>(row, [](auto i) {
     constexpr const plans::RowPlan& c = kForwardAddLong[decltype(i)::value];
     return fwd_kernel_for<X, O, Row, kForwardAddLong, decltype(i)::value, c.persistent,
                           c.min_blocks, W_AS_X && !c.persistent>();

@@ -235,25 +235,13 @@ inline constexpr RowPlan kForwardAddLong[] = {
     // N <= 262144: 16 blocks
     upto(32768).block(512).group(512).chunks(4).persistent(false).cluster(16).min_blocks(2),
 };
-// add_rms_norm takes kForwardAddLong's rows up to here and the looped kernel
-// past them. Every row since the pushed sums: its looped kernel was ahead of
-// the row of 16 blocks before them (H200 512x262144: 346 us against 372),
-// and behind add_layer_norm's run of that row after (H100: 477.1 against 405.8;
-// add_rms_norm on the row of 16 blocks then took 385.4, 94% of the copy).
-inline constexpr int kAddRmsLongMax = 32768;
 // The fused add's row of kForwardAddLong for rows of nvec vectors, or -1
-// where nvec is not past kForwardAddLongPast or is past max_nvec (the
-// norm's last row: add_rms_norm's kAddRmsLongMax).
-constexpr int add_long_row(int nvec,
-                           int max_nvec = kForwardAddLong[std::size(kForwardAddLong) - 1].max_nvec) {
-  return nvec > kForwardAddLongPast && nvec <= max_nvec ? row_for(kForwardAddLong, nvec) : -1;
-}
-// How many of kForwardAddLong's rows end at most at max_nvec: the rows a
-// norm has kernels for.
-constexpr std::size_t add_long_rows(int max_nvec) {
-  std::size_t k = 0;
-  while (k < std::size(kForwardAddLong) && kForwardAddLong[k].max_nvec <= max_nvec) ++k;
-  return k;
+// where nvec is not past kForwardAddLongPast or is past the table. Both
+// norms run every row: add_rms_norm's looped kernel, ahead of the row of 16
+// blocks before the pushed sums (H200 512x262144: 346 us against 372), fell
+// behind it after them (H100: 477.1 against 385.4; docs/NOTES.md).
+constexpr int add_long_row(int nvec) {
+  return nvec > kForwardAddLongPast ? row_for(kForwardAddLong, nvec) : -1;
 }
 
 // Forward, one wave of rows (decode: a token's 1-64 rows, at most one step of
@@ -511,9 +499,6 @@ constexpr bool add_long_covers(const RowPlan (&table)[K]) {
   return past > 0 && table[past - 1].max_nvec == kForwardAddLongPast &&
          table[K - 1].max_nvec == kForwardAddLong[std::size(kForwardAddLong) - 1].max_nvec;
 }
-static_assert(add_long_rows(kAddRmsLongMax) > 0 &&
-                  kForwardAddLong[add_long_rows(kAddRmsLongMax) - 1].max_nvec == kAddRmsLongMax,
-              "add_rms_norm stops at a row of kForwardAddLong");
 static_assert(ascending(kForwardAddLong) && complete(kForwardAddLong) &&
               add_long_covers(kForward) && add_long_covers(kLayerForward));
 // One wave loads w beside x (fwd_rows PERSISTENT), a row a step, uncapped.
