@@ -258,11 +258,12 @@ run_trainstep() {
 
 #: the generation benchmark (bench --generate)
 run_generate() { bench generate.log 200 --generate; }
-#: prefill at 128 and 512 tokens (the generation benchmark, 16 tokens; PREFILL_PROMPTS)
+#: prefill at 128 and 512 tokens (the generation benchmark, 16 tokens; PREFILL_PROMPTS, e.g. "128 512 2048" or 128,512,2048)
 run_prefill() {
   ensure_built || return 1
-  local prompt rc=0
-  for prompt in ${PREFILL_PROMPTS:-128 512}; do
+  local prompt rc=0 prompts="${PREFILL_PROMPTS:-128 512}"
+  # "128 512 2048" or "128,512,2048"
+  for prompt in ${prompts//,/ }; do
     (cd /tmp && timeout "$(cap 120)" python3 -m mlx_rmsnorm.bench.generation --prompt "$prompt" \
        --tokens 16 --rounds 9 --out "$OUT/bench-prefill$prompt" 2>&1) \
       | tee "$OUT/prefill-$prompt.log" | grep -E "^model|prefill|decode"
