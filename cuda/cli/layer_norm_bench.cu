@@ -705,7 +705,7 @@ int time_shape(const Options& opt, int64_t m, int n, std::vector<Result>& summar
       [](int i) {
         return rmsnorm::persistent_kernel_for<X, X, rmsnorm::LayerRow, kNew>(i);
       },
-      "new", true, {1, 2, 4, 8});
+      "new", true, {1, 2, 4, 8, 16, 32});
   candidates(
       kRegs,
       [](int i) {
