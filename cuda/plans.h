@@ -268,13 +268,10 @@ inline constexpr RowPlan kForwardOneWave[] = {
 // LayerNorm tables keep (not measured on RMSNorm's slices of 16).
 inline constexpr RowPlan kLayerBackwardSlices8 =
     upto(16384).block(512).group(512).chunks(4).stages(2).cluster(8);
-// LayerNorm's earlier N <= 4096 and N <= 8192 backward rows, which
-// add_layer_norm's backward and families 80 and 75 keep: the rows that
-// replaced them in kLayerBackwardSm90 were measured for LayerNorm alone,
-// bf16, on sm_90 (and N <= 8192's two rows a step take 160 KiB, more than
-// sm_86 or sm_120 give a block).
-inline constexpr RowPlan kLayerBackward4096Stages3 =
-    upto(512).block(256).group(256).chunks(2).stages(3).bulk();
+// LayerNorm's earlier N <= 8192 backward row, which add_layer_norm's
+// backward and families 80 and 75 keep: the row that replaced it in
+// kLayerBackwardSm90 was measured for LayerNorm alone, bf16, on sm_90 (and
+// its two rows a step take 160 KiB, more than sm_86 or sm_120 give a block).
 inline constexpr RowPlan kLayerBackward8192Block256 =
     upto(1024).block(256).group(256).chunks(4).stages(2).bulk();
 // The same walks with LayerNorm rows of their own. Chosen with
@@ -295,16 +292,18 @@ inline constexpr RowPlan kLayerBackwardSm90[] = {
     upto(256).block(256).group(128).chunks(2).stages(2).bulk(),
     // N <= 3072: 128 x 3, bulk (ahead of 192 x 2 per-thread copies)
     upto(384).block(128).group(128).chunks(3).stages(2).bulk(),
-    // N <= 4096: 320 x 2, per-thread copies, two blocks a SM (H100,
-    // layer_norm_bench: 8192x4096 76.1 us, 16384x4096 145.0, against 87.7 and
-    // 163.9 for kLayerBackward4096Stages3; our RMSNorm 78.4 and 147.7)
-    upto(512).block(320).group(320).chunks(2).stages(2),
+    // N <= 4096: 256 x 2, bulk, three stages (ahead of two). 320 x 2 with
+    // per-thread copies led it alone (H100 layer_norm_bench, 8192x4096 76.1 us
+    // against 87.7) but not through MLX at that shape (bench-ln: 98.3 against
+    // 90.3; 16384x4096 and 32768x4096 3-4% ahead): not taken (docs/NOTES.md)
+    upto(512).block(256).group(256).chunks(2).stages(3).bulk(),
     // N <= 5120: 160 x 4, bulk (ahead of RMSNorm's 320 x 2)
     upto(640).block(160).group(160).chunks(4).stages(2).bulk(),
     // N <= 8192: 2 rows a step of 256 x 4, bulk, one block a SM (H100,
     // layer_norm_bench: 4096x8192 80.0 us, 16384x8192 284.9, against 86.2 and
     // 296.1 for kLayerBackward8192Block256; 512 x 2 of three stages 77.5 and
-    // 298.6; our RMSNorm 81.6 and 288.6)
+    // 298.6; our RMSNorm 81.6 and 288.6. Through MLX, bench-ln: 2-5% ahead at
+    // 4096x8192 .. 32768x8192)
     upto(1024).block(512).group(256).chunks(4).stages(2).bulk(),
     // N <= 16384: RMSNorm's 512 x 4 (ahead of 1024 x 2)
     kBackwardSm90[10],
@@ -329,7 +328,7 @@ inline constexpr RowPlan kLayerBackwardSm80[] = {
     per_thread_copies(kLayerBackwardSm90[2]),  per_thread_copies(kLayerBackwardSm90[3]),
     per_thread_copies(kLayerBackwardSm90[4]),  per_thread_copies(kLayerBackwardSm90[5]),
     per_thread_copies(kLayerBackwardSm90[6]),  per_thread_copies(kLayerBackwardSm90[7]),
-    per_thread_copies(kLayerBackwardSm90[8]),  per_thread_copies(kLayerBackward4096Stages3),
+    per_thread_copies(kLayerBackwardSm90[8]),  per_thread_copies(kLayerBackwardSm90[9]),
     per_thread_copies(kLayerBackwardSm90[10]), per_thread_copies(kLayerBackward8192Block256),
     per_thread_copies(kLayerBackwardSm90[12]),
 };
@@ -342,7 +341,7 @@ inline constexpr RowPlan kAddLayerBackwardSm90[] = {
     kLayerBackwardSm90[0],  kLayerBackwardSm90[1],  kLayerBackwardSm90[2],
     kLayerBackwardSm90[3],  kLayerBackwardSm90[4],  kLayerBackwardSm90[5],
     kLayerBackwardSm90[6],  kLayerBackwardSm90[7],  kLayerBackwardSm90[8],
-    kLayerBackward4096Stages3, kLayerBackwardSm90[10], kLayerBackward8192Block256,
+    kLayerBackwardSm90[9],  kLayerBackwardSm90[10], kLayerBackward8192Block256,
     kLayerBackwardSm90[12],
     // N <= 24576: LayerNorm's 256 x 4 slices of 4 (4096x24576 288.8 against 292.2)
     upto(3072).block(256).group(256).chunks(4).stages(2).cluster(4),
