@@ -302,7 +302,7 @@ inline constexpr RowPlan kLayerBackwardSm90[] = {
     // N <= 8192: 2 rows a step of 256 x 4, bulk, one block a SM (H100,
     // layer_norm_bench: 4096x8192 80.0 us, 16384x8192 284.9, against 86.2 and
     // 296.1 for kLayerBackward8192Block256; 512 x 2 of three stages 77.5 and
-    // 298.6; our RMSNorm 81.6 and 288.6. Through MLX, bench-ln: 2-5% ahead at
+    // 298.6; our RMSNorm 81.6 and 288.6. Through MLX, bench-ln: 2-6% ahead at
     // 4096x8192 .. 32768x8192)
     upto(1024).block(512).group(256).chunks(4).stages(2).bulk(),
     // N <= 16384: RMSNorm's 512 x 4 (ahead of 1024 x 2)
