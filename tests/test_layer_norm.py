@@ -207,8 +207,10 @@ def test_add_mixed_dtypes(device, x_dtype, r_dtype, w_dtype):
 
 @pytest.mark.parametrize("device", DEVICES)
 # N = 2048: a row that reads w and b per step, where only weights in x's
-# dtype take the packed read (forward.cuh W_AS_X)
-@pytest.mark.parametrize("n", [64, 2048])
+# dtype take the packed read (forward.cuh W_AS_X); N = 8192: the sm_90
+# backward's two rows a step, whose stages with fp32 g and the fp32 weight
+# take 224 KiB of shared memory
+@pytest.mark.parametrize("n", [64, 2048, 8192])
 def test_mixed_dtypes_follow_the_builtin(device, n):
     x = random((8, n), mx.bfloat16, 1)
     w32 = random((n,), mx.float32, 2)
