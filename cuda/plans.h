@@ -274,6 +274,11 @@ inline constexpr RowPlan kLayerBackwardSlices8 =
 // its two rows a step take 160 KiB, more than sm_86 or sm_120 give a block).
 inline constexpr RowPlan kLayerBackward8192Block256 =
     upto(1024).block(256).group(256).chunks(4).stages(2).bulk();
+// LayerNorm's earlier N <= 4096 backward row (256 x 2, bulk, three stages),
+// which add_layer_norm's backward keeps for the same reason (g_h staged beside
+// x and g: the row that replaced it was measured for LayerNorm alone).
+inline constexpr RowPlan kLayerBackward4096Stages3 =
+    upto(512).block(256).group(256).chunks(2).stages(3).bulk();
 // The same walks with LayerNorm rows of their own. Chosen with
 // cuda/cli/layer_norm_bench (the chain as planned: walk + one column sum of gw
 // and gb, CUDA graphs of 20 calls).
@@ -292,11 +297,12 @@ inline constexpr RowPlan kLayerBackwardSm90[] = {
     upto(256).block(256).group(128).chunks(2).stages(2).bulk(),
     // N <= 3072: 128 x 3, bulk (ahead of 192 x 2 per-thread copies)
     upto(384).block(128).group(128).chunks(3).stages(2).bulk(),
-    // N <= 4096: 256 x 2, bulk, three stages (ahead of two). 320 x 2 with
-    // per-thread copies led it alone (H100 layer_norm_bench, 8192x4096 76.1 us
-    // against 87.7) but not through MLX at that shape (bench-ln: 98.3 against
-    // 90.3; 16384x4096 and 32768x4096 3-4% ahead): not taken (docs/NOTES.md)
-    upto(512).block(256).group(256).chunks(2).stages(3).bulk(),
+    // N <= 4096: 320 x 2, per-thread copies (H100, layer_norm_bench, 8192x4096
+    // 76.1 us against 87.7 for kLayerBackward4096Stages3; through MLX with
+    // each call taking the previous gx, as in a model, 8192x4096 94.9-96.4
+    // against 106.0-112.5 and 16384x4096 162.0-163.9 against 180.8-185.8;
+    // with the calls side by side level, docs/NOTES.md)
+    upto(512).block(320).group(320).chunks(2).stages(2),
     // N <= 5120: 160 x 4, bulk (ahead of RMSNorm's 320 x 2)
     upto(640).block(160).group(160).chunks(4).stages(2).bulk(),
     // N <= 8192: 2 rows a step of 256 x 4, bulk, one block a SM (H100,
@@ -341,7 +347,7 @@ inline constexpr RowPlan kAddLayerBackwardSm90[] = {
     kLayerBackwardSm90[0],  kLayerBackwardSm90[1],  kLayerBackwardSm90[2],
     kLayerBackwardSm90[3],  kLayerBackwardSm90[4],  kLayerBackwardSm90[5],
     kLayerBackwardSm90[6],  kLayerBackwardSm90[7],  kLayerBackwardSm90[8],
-    kLayerBackwardSm90[9],  kLayerBackwardSm90[10], kLayerBackward8192Block256,
+    kLayerBackward4096Stages3, kLayerBackwardSm90[10], kLayerBackward8192Block256,
     kLayerBackwardSm90[12],
     // N <= 24576: LayerNorm's 256 x 4 slices of 4 (4096x24576 288.8 against 292.2)
     upto(3072).block(256).group(256).chunks(4).stages(2).cluster(4),

@@ -29,6 +29,9 @@ them.
   tuner_ab          a kernel change against a base revision, each tuner
                     (cuda/cli) built here for both and run interleaved on
                     the GPU (pack here, the tune-ab step there)
+  bench_ab          plan-row variants through MLX side by side: the table
+                    of the bench-ab step (each variant a patched copy of
+                    the tree, built and run on the GPU)
   plan_dump         the planners' launch plans on a model GPU (no GPU;
                     plan_dump.cu): two builds' plans side by side; its
                     --check (every plan well formed) runs in .ci/run

@@ -284,6 +284,42 @@ run_bench_fused() { bench bench-fused.log 120 --fused --repeats 5; }
 run_bench_ln() { bench bench-ln.log 150 --sections ln_training,ln_table --repeats 5; }
 #: the LayerNorm sections with chained calls (bench --chain)
 run_bench_ln_chain() { bench bench-ln-chain.log 150 --sections ln_training,ln_table --repeats 5 --chain; }
+#: variants of plan rows through MLX: the tree and each of AB_PATCHES (patch files, -p1) built side by side in /tmp, then AB_SECTIONS (default ln_training) at AB_SHAPES, chained twice and side by side once, the builds interleaved (one log a build, mode and round under OUT/ab)
+run_bench_ab() {
+  local v dir mode r extra names=(tree) t=$SECONDS
+  local -A patch_of=()
+  for v in ${AB_PATCHES:-}; do
+    names+=("$(basename "$v" .patch)") && patch_of[${names[-1]}]=$(realpath "$v")
+  done
+  [ ${#names[@]} -gt 1 ] || { echo "AB_PATCHES: no patch files"; return 1; }
+  for v in "${names[@]}"; do
+    dir=/tmp/ab-$v && rm -rf "$dir" && mkdir -p "$dir"
+    git ls-files -co --exclude-standard | tar -cf - -T - | tar -xf - -C "$dir"
+    [ "$v" = tree ] || (cd "$dir" && patch -s -p1 <"${patch_of[$v]}") || return 1
+    # the builds run at once and share the cores (three: ~5 min on 16 cores)
+    (cd "$dir" && CMAKE_BUILD_PARALLEL_LEVEL=$(( $(nproc) / ${#names[@]} + 1 )) timeout "$(cap 420)" \
+       python3 -m pip install -q --no-build-isolation --no-deps -e . >"/tmp/ab-build-$v.log" 2>&1 \
+       || { echo "build of $v failed"; tail -20 "/tmp/ab-build-$v.log"; }) &
+  done
+  wait
+  echo "built in $((SECONDS - t)) s"
+  mkdir -p "$OUT/ab"
+  for mode in chain plain; do
+    for r in $([ $mode = chain ] && echo 1 2 || echo 1); do
+      for v in "${names[@]}"; do
+        dir=/tmp/ab-$v
+        ls "$dir"/mlx_rmsnorm/_ext.*.so >/dev/null 2>&1 || continue
+        extra=$([ $mode = chain ] && echo --chain)
+        (cd "$dir" && PYTHONPATH="$dir" timeout "$(cap 120)" python3 -m mlx_rmsnorm.bench \
+           --sections "${AB_SECTIONS:-ln_training}" --shapes "${AB_SHAPES:-8192x2048,8192x4096}" \
+           --repeats 5 --singles 1 $extra --out "/tmp/ab-out-$v" 2>&1) \
+          | grep -v "cases:\|case " >"$OUT/ab/$v-$mode-$r.log"
+        echo "$v $mode $r ($((SECONDS - t)) s)"
+      done
+    done
+  done
+  python3 -m lab.bench_ab "$OUT/ab" | tee "$OUT/ab.txt"
+}
 #: QuACK and torch's copy at the long-row shapes on this GPU (lab.peers; PEERS_PARTS: the folders of lab.peers_wheels pack, or PEERS_WHEELS: a folder of wheels, to install first), for bench-large-n's ratios
 run_peers() {
   local wheels=${PEERS_WHEELS:-}
