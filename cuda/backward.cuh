@@ -541,10 +541,6 @@ __global__ void __launch_bounds__(256) bwd_split_cols(const BwdArgs a) {
   if (a.gw == nullptr) return;
 #pragma unroll
   for (int k = 0; k < VEC; ++k) sacc[threadIdx.y][threadIdx.x * VEC + k] = acc[k];
-  // The lanes past nvec skipped the row loop: bring the warp back together
-  // before the block barrier (bar.sync wants whole warps; compute-sanitizer
-  // synccheck reported divergent lanes here, fp32 rows past N = 32768).
-  __syncwarp();
   __syncthreads();
   for (int i = threadIdx.y * 32 + threadIdx.x; i < 32 * VEC; i += 256) {
     int col = blockIdx.x * 32 * VEC + i;
