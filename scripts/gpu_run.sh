@@ -187,7 +187,7 @@ run_suite() { pytest_run suite.log 500 $XDIST -m "not bigmem" $(test_paths); }
 #: the bigmem tests, alone on the GPU
 run_bigmem() { pytest_run bigmem.log 300 -m bigmem $(test_paths); }
 
-#: compute-sanitizer over lab/sanitize_cases.py (SANITIZE_TOOLS, SANITIZE_TIMEOUT, RACECHECK_ARGS)
+#: compute-sanitizer over lab/sanitize_cases.py, all four ops (SANITIZE_TOOLS, SANITIZE_TIMEOUT, RACECHECK_ARGS; racecheck of the four ops took 60 s to N = 1025 on an H100: give it a call of its own, or --ops there)
 run_sanitize() {
   ensure_built || return 1
   local tool start args rc
