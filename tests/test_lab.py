@@ -66,11 +66,38 @@ def test_gpu_run_packs_its_logs_without_plots_or_data(tmp_path):
 
 @pytest.mark.parametrize("module", ["lab.sweep", "lab.host_cost", "lab.cuda_calls", "lab.memory_check",
                                     "lab.sanitize_cases", "lab.decode_kernels", "lab.cpu_speed",
-                                    "lab.weight_reads", "lab.peers", "lab.peers_wheels", "lab.tuner_ab"])
+                                    "lab.weight_reads", "lab.peers", "lab.peers_wheels", "lab.tuner_ab",
+                                    "lab.bench_ab"])
 def test_lab_command_lines_parse(module):
     out = _run(sys.executable, "-m", module, "--help")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("usage:")
+
+
+def test_bench_ab_tables_a_committed_run():
+    """lab.bench_ab on the logs of an A/B run (docs/h100/2026-12-07-2cb9e6e):
+    per table and shape, the tree's build first, each build's chained runs
+    then its side-by-side run, us and ours / our RMSNorm."""
+    logs = os.path.join(ROOT, "docs", "h100", "2026-12-07-2cb9e6e", "ab")
+    out = _run(sys.executable, "-m", "lab.bench_ab", logs)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    bwd = lines.index("ln_training, backward (gx and gw)")
+    assert lines[bwd + 1].split() == ["shape", "tree", "A", "B"]
+    row = next(line for line in lines[bwd:] if line.split()[0] == "8192x4096").split()
+    assert row[1:7] == ["112.5", "(1.14)", "106.0", "(1.12)", "90.4", "(1.07)"]
+    assert row[7:13] == ["94.9", "(0.98)", "96.4", "(0.98)", "91.1", "(1.05)"]
+
+
+def test_gpu_run_bench_ab_wants_patches(tmp_path):
+    """The bench-ab step without AB_PATCHES says so and fails, building nothing."""
+    root = tmp_path / "root"
+    (root / ".device").mkdir(parents=True)
+    (root / ".device" / "setup.sh").write_text("nvidia-smi() { echo fake GPU; }\n")
+    run = subprocess.run(["bash", GPU_RUN, "bench-ab"], capture_output=True, text=True, cwd=root, timeout=120,
+                         env=dict(os.environ, OUT=str(tmp_path / "out"), AB_PATCHES=""))
+    assert run.returncode == 1 and "AB_PATCHES: no patch files" in run.stdout, run.stdout + run.stderr
+    assert not (tmp_path / "out" / "ab").exists()
 
 
 def test_peers_times_the_shapes_of_bench_large_n():
