@@ -21,6 +21,15 @@ def _run(*args, **kwargs):
     return subprocess.run(list(args), capture_output=True, text=True, cwd=ROOT, timeout=120, **kwargs)
 
 
+def _fake_device_root(tmp_path):
+    """A folder for gpu_run.sh to run in: a .device/setup.sh whose nvidia-smi
+    answers, and no repository (steps that build fail there)."""
+    root = tmp_path / "root"
+    (root / ".device").mkdir(parents=True)
+    (root / ".device" / "setup.sh").write_text("nvidia-smi() { echo fake GPU; }\n")
+    return root
+
+
 def test_gpu_run_lists_every_step_with_its_description():
     text = open(GPU_RUN).read()
     functions = re.findall(r"^run_([a-z_]+)\(\) ", text, re.M)
@@ -47,9 +56,7 @@ def test_gpu_run_packs_its_logs_without_plots_or_data(tmp_path):
     when a step fails (here the standalone build, in a root with no cuda/)."""
     import tarfile
 
-    root = tmp_path / "root"
-    (root / ".device").mkdir(parents=True)
-    (root / ".device" / "setup.sh").write_text("nvidia-smi() { echo fake GPU; }\n")
+    root = _fake_device_root(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
     for name in ("tests.log", "bench/large-n.png", "bench/large-n.json", "bench/large-n.csv"):
@@ -91,9 +98,7 @@ def test_bench_ab_tables_a_committed_run():
 
 def test_gpu_run_bench_ab_wants_patches(tmp_path):
     """The bench-ab step without AB_PATCHES says so and fails, building nothing."""
-    root = tmp_path / "root"
-    (root / ".device").mkdir(parents=True)
-    (root / ".device" / "setup.sh").write_text("nvidia-smi() { echo fake GPU; }\n")
+    root = _fake_device_root(tmp_path)
     run = subprocess.run(["bash", GPU_RUN, "bench-ab"], capture_output=True, text=True, cwd=root, timeout=120,
                          env=dict(os.environ, OUT=str(tmp_path / "out"), AB_PATCHES=""))
     assert run.returncode == 1 and "AB_PATCHES: no patch files" in run.stdout, run.stdout + run.stderr
