@@ -541,6 +541,11 @@ __global__ void __launch_bounds__(256) bwd_split_cols(const BwdArgs a) {
   if (a.gw == nullptr) return;
 #pragma unroll
   for (int k = 0; k < VEC; ++k) sacc[threadIdx.y][threadIdx.x * VEC + k] = acc[k];
+  // bar.sync is .aligned: a warp must reach it converged. The last column
+  // tile's lanes past nvec skip the row loop that the others run, and
+  // compute-sanitizer synccheck reported divergent lanes here (fp32 rows past
+  // N = 32768), so the warp is brought back together first.
+  __syncwarp();
   __syncthreads();
   for (int i = threadIdx.y * 32 + threadIdx.x; i < 32 * VEC; i += 256) {
     int col = blockIdx.x * 32 * VEC + i;
