@@ -82,9 +82,10 @@ Plan plan_forward(const FwdArgs& a) {
     const auto& cfg = add_long >= 0 ? plans::kForwardAddLong[add_long] : kForward[row];
     if (cfg.cluster > 1) {
       // A row a cluster (sm_90 on): a block per slice, a cluster per row.
-      // (the fused add has no kernel of kForward's cluster rows)
+      // The fused add has no kernel of kForward's cluster rows: past
+      // kForwardAddLong (or without clusters) it takes the looped kernel.
       const void* fn = add_long >= 0 ? add_long_kernel<X, O, AddRmsRow>(add_long)
-                       : add         ? row_kernel<X, O, true>(row)
+                       : add         ? nullptr
                                      : row_kernel<X, O, false>(row);
       if (fn == nullptr || !clusters || detail::clusters_resident(fn, cfg.block, 0) == 0)
         return looped(std::integral_constant<int, full>{});
