@@ -57,6 +57,11 @@ __global__ void __launch_bounds__(1024) colsum(const BwdArgs a) {
   }
 #pragma unroll
   for (int p = 0; p < kParts; ++p) lanes[p][threadIdx.y][threadIdx.x] = s[p];
+  // bar.sync is .aligned (a warp reaches it converged): each barrier follows
+  // a branch on col or threadIdx.y, and compute-sanitizer synccheck reported
+  // divergent lanes at the one in the loop below (fp32, N = 40000), so each
+  // warp is brought back together first (bwd_split_cols does the same).
+  __syncwarp();
   __syncthreads();
 #pragma unroll
   for (int half = LANES / 2; half > 0; half /= 2) {
@@ -65,6 +70,7 @@ __global__ void __launch_bounds__(1024) colsum(const BwdArgs a) {
       for (int p = 0; p < kParts; ++p)
         lanes[p][threadIdx.y][threadIdx.x] += lanes[p][threadIdx.y + half][threadIdx.x];
     }
+    __syncwarp();
     __syncthreads();
   }
   if (threadIdx.y == 0 && col < n) {
